@@ -1,0 +1,69 @@
+"""The `vgpu-patch` command line: a thin Click layer over the library modules.
+
+Each subcommand lives in `vgpu_patch/commands/<name>.py` and exposes a click command named `cli`.
+This module only assembles them and maps the tool's errors to exit codes (see errors.py).
+"""
+from __future__ import annotations
+
+import importlib
+import sys
+
+import click
+
+from . import __version__
+from .errors import EXIT_FAILED, VgpuPatchError
+
+COMMANDS = ["build", "check", "deploy", "status", "rollback", "region", "agent", "daemonset"]
+
+EPILOG = """\b
+Exit codes: 0 ok; 1 failed (or --dry-run with changes pending); 2 usage error;
+3 fleet partly failed; 4 check found an incompatibility.
+"""
+
+
+class LazyGroup(click.Group):
+    """Imports a subcommand's module only when it is used, so `--help` and each command start fast."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(COMMANDS)
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name not in COMMANDS:
+            return None
+        module = importlib.import_module(f"vgpu_patch.commands.{name}")
+        return module.cli
+
+
+@click.group(cls=LazyGroup, epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="vgpu-patch")
+def cli() -> None:
+    """Build, verify and hot-swap a fixed HAMi-compatible libvgpu.so onto GPU nodes.
+
+    \b
+    Typical session:
+      vgpu-patch build -o out/
+      vgpu-patch check out/libvgpu.so
+      vgpu-patch deploy --host admin@gpu-node-1 out/libvgpu.so
+      vgpu-patch status --host admin@gpu-node-1
+      vgpu-patch rollback --host admin@gpu-node-1
+    """
+
+
+def main() -> None:
+    try:
+        cli.main(standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("Aborted.", err=True)
+        sys.exit(EXIT_FAILED)
+    except click.ClickException as e:
+        e.show()
+        sys.exit(e.exit_code)
+    except VgpuPatchError as e:
+        click.echo(f"vgpu-patch: error: {e}", err=True)
+        sys.exit(e.exit_code)
+    except click.exceptions.Exit as e:
+        sys.exit(e.exit_code)
+
+
+if __name__ == "__main__":
+    main()

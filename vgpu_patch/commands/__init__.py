@@ -1,0 +1,1 @@
+"""Subcommands of the vgpu-patch CLI, one module each."""
