@@ -1,10 +1,96 @@
-"""`vgpu-patch build` (placeholder: not implemented yet)."""
+"""`vgpu-patch build`: compile c_src into a reproducible libvgpu.so + manifest, then check it."""
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import Any
+
 import click
 
-from ..errors import VgpuPatchError
+from ..build import PROFILES, build_shim
+from ..cli_options import emit_json, json_option
+from ..errors import EXIT_INCOMPATIBLE
+from ..toolchain import ARCHES, DEFAULT_FLOOR, FLOORS
+
+EPILOG = """\b
+Examples:
+  vgpu-patch build -o out/
+  vgpu-patch build --arch aarch64 --glibc 2.17 -o out/arm64
+  vgpu-patch build --compiler gcc --profile debug --no-check
+  vgpu-patch build --json > build.json
+\b
+The default compiler is gcc when it can meet the target natively (same arch, host glibc <= floor),
+else `zig cc` from the ziglang wheel. The result is proven from the ELF: a required GLIBC_x.y above
+the floor, GLIBC_PRIVATE, a wrong arch or exports that differ from hooks.def fail the build.
+Exit codes: 0 built (and check passed); 1 build failed; 2 usage error; 4 the drop-in check failed.
+"""
 
 
-@click.command("build")
-def cli() -> None:
-    """Not implemented yet."""
-    raise VgpuPatchError("'vgpu-patch build' is not implemented in this version")
+def _glibc(v: str | None) -> str:
+    return f"GLIBC_{v}" if v else "no GLIBC symbols"
+
+
+def _run_check(library: Path, glibc: str, arch: str) -> tuple[Any | None, str | None]:
+    """The drop-in check (vgpu_patch.elfcheck), or (None, why it was skipped)."""
+    try:
+        elfcheck = importlib.import_module("vgpu_patch.elfcheck")
+        check_file = elfcheck.check_file
+    except (ImportError, AttributeError):
+        return None, "drop-in check skipped: vgpu_patch.elfcheck is not available in this version"
+    return check_file(library, vendor=None, glibc=glibc, arch=arch), None
+
+
+@click.command("build", epilog=EPILOG)
+@click.option(
+    "-o", "--output", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=Path("out"),
+    show_default=True, help="Directory for libvgpu.so and libvgpu.so.json.",
+)
+@click.option("--arch", type=click.Choice(list(ARCHES)), default=None, help="Target arch [default: this host's].")
+@click.option("--glibc", type=click.Choice(list(FLOORS)), default=DEFAULT_FLOOR, show_default=True,
+              help="Oldest glibc the library must load on (containers' glibc, not the node's).")
+@click.option("--compiler", default=None, metavar="zig|gcc|PATH",
+              help="Compiler to use [default: gcc if it meets the target natively, else zig].")
+@click.option("--profile", type=click.Choice(list(PROFILES)), default="release", show_default=True,
+              help="; ".join(f"{p.name}: {p.help}" for p in PROFILES.values()))
+@click.option("--src", "src_dir", type=click.Path(file_okay=False, exists=True, path_type=Path), default=None,
+              help="Shim source tree [default: the package's c_src].")
+@click.option("--no-check", is_flag=True, help="Skip the drop-in check after building.")
+@json_option
+def cli(out_dir: Path, arch: str | None, glibc: str, compiler: str | None,
+        profile: str, src_dir: Path | None, no_check: bool, as_json: bool) -> None:
+    """Build libvgpu.so from c_src for a glibc floor and arch, reproducibly, with a JSON manifest.
+
+    Example: vgpu-patch build -o out/ --glibc 2.28
+    """
+    click.echo(f"building libvgpu.so ({profile}, glibc {glibc}, {arch or 'host arch'}) into {out_dir}/ ...", err=True)
+    result = build_shim(out_dir, arch=arch, glibc=glibc, compiler=compiler, profile=profile,
+                         src_dir=src_dir)
+    m = result.manifest
+    doc: dict[str, Any] = {"library": str(result.library), "manifest_path": str(result.manifest_path), "build": m}
+
+    report, skipped = (None, "drop-in check skipped (--no-check)") if no_check else _run_check(
+        result.library, m["glibc_floor"], m["arch"])
+    doc["check"] = report.to_json() if report is not None else {"skipped": skipped}
+
+    if as_json:
+        emit_json(doc)
+    else:
+        click.echo(f"library      {result.library}")
+        click.echo(f"sha256       {m['sha256']}")
+        click.echo(f"size         {m['size']} bytes")
+        click.echo(f"arch         {m['arch']} ({m['target']})")
+        click.echo(f"glibc floor  {m['glibc_floor']} (max required: {_glibc(m['glibc_max_required'])})")
+        click.echo(f"compiler     {m['compiler']['version']}")
+        click.echo(f"manifest     {result.manifest_path}")
+        if report is not None:
+            from vgpu_patch.elfcheck import render_table  # present: check_file came from it
+
+            click.echo(render_table(report))
+    if skipped:
+        click.echo(skipped, err=True)
+    if report is not None and not report.ok:
+        if not as_json:
+            click.secho("drop-in check FAILED", fg="red", err=True)
+        # SystemExit, not ctx.exit: cli.main runs click with standalone_mode=False, which turns
+        # ctx.exit into a return value that it does not pass on
+        raise SystemExit(report.exit_code or EXIT_INCOMPATIBLE)

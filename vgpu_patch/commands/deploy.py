@@ -1,10 +1,60 @@
-"""`vgpu-patch deploy` (placeholder: not implemented yet)."""
+"""`vgpu-patch deploy`: hot-swap a library onto nodes, safely (see docs/node-state.md)."""
+from __future__ import annotations
+
 import click
 
-from ..errors import VgpuPatchError
+from ..cli_options import dry_run_option, emit_json, json_option
+from ..deploy.candidate import inspect
+from ..deploy.cli_targets import default_operator, fleet_options, progress, resolve_targets, target_options
+from ..deploy.fleet import run_fleet
+from ..deploy.render import swap_table
+from ..deploy.swap import DEFAULT_TOOL, deploy_file
+
+EPILOG = """\b
+Examples:
+  vgpu-patch deploy --local /tmp/node out/libvgpu.so
+  vgpu-patch deploy --host admin@gpu-node-1 out/libvgpu.so
+  vgpu-patch deploy -I hosts.ini --limit gpu --canary 2 --parallel 20 out/libvgpu.so
+  vgpu-patch deploy --host gpu-node-1 --dry-run out/libvgpu.so
+\b
+Exit codes: 0 every node runs FILE's sha256; 1 failed (or --dry-run with changes pending);
+2 usage error; 3 some nodes succeeded, some failed or were skipped.
+"""
 
 
-@click.command("deploy")
-def cli() -> None:
-    """Not implemented yet."""
-    raise VgpuPatchError("'vgpu-patch deploy' is not implemented in this version")
+@click.command("deploy", epilog=EPILOG)
+@click.argument("file", type=click.Path(exists=True, dir_okay=False))
+@target_options
+@fleet_options
+@click.option("--install", is_flag=True, help="Install libvgpu.so where the target dir has no library yet.")
+@click.option("--check/--no-check", "check", default=True, show_default=True,
+              help="Run `vgpu-patch check` on FILE against each node's live file (fetched once per distinct "
+                   "vendor file) and refuse on a blocking problem.")
+@click.option("--operator", default=None, help="Who to record in the node's history [default: user@this-host].")
+@dry_run_option
+@json_option
+def cli(file: str, install: bool, check: bool, operator: str | None, dry_run: bool, as_json: bool, canary: int | None,
+        keep_going: bool, parallel: int, **kw: object) -> None:
+    """Swap FILE in as the live libvgpu.so on every target node.
+
+    Per node: preflight (arch, glibc, free space, sudo, which file is live), upload to staging,
+    sha256 verified on the node, backup, atomic rename in the library directory, sha256 verified
+    again, history recorded. A node left mid-way still has a whole file (old or new).
+    """
+    cand = inspect(file)  # fails early, locally, on a file that is not a shared object
+    targets = resolve_targets(kw)
+    who = operator or default_operator()
+
+    def op(t, spec):  # type: ignore[no-untyped-def]
+        r = deploy_file(t, cand.path, targets.dir_for(spec), operator=who, tool=DEFAULT_TOOL, dry_run=dry_run,
+                        install=install, check=check)
+        return ("changed" if r.changed else "pending" if r.pending else "unchanged"), r
+
+    with progress(len(targets.specs), "deploy") as done:
+        fleet = run_fleet(targets.specs, op, targets.connect, parallel=parallel, canary=canary,
+                          keep_going=keep_going, on_done=done)
+    if as_json:
+        emit_json({"file": str(cand.path), "sha256": cand.sha256, "dry_run": dry_run, **fleet.to_dict()})
+    else:
+        swap_table(fleet, f"vgpu-patch deploy {cand.path.name} ({cand.sha256[:12]})" + (" --dry-run" if dry_run else ""))
+    raise SystemExit(fleet.exit_code(dry_run=dry_run))

@@ -1,10 +1,44 @@
-"""`vgpu-patch status` (placeholder: not implemented yet)."""
+"""`vgpu-patch status`: what each node runs, its backups and history, and who still maps an old copy."""
+from __future__ import annotations
+
 import click
 
-from ..errors import VgpuPatchError
+from ..cli_options import emit_json, json_option
+from ..deploy.cli_targets import progress, resolve_targets, target_options
+from ..deploy.fleet import run_fleet
+from ..deploy.render import status_table
+from ..deploy.swap import node_status
+
+EPILOG = """\b
+Examples:
+  vgpu-patch status --host admin@gpu-node-1
+  vgpu-patch status -I hosts.ini --limit gpu --json
+  vgpu-patch status --local /tmp/node
+\b
+Exit codes: 0 every node answered; 1 none did; 2 usage error; 3 some did not.
+"""
 
 
-@click.command("status")
-def cli() -> None:
-    """Not implemented yet."""
-    raise VgpuPatchError("'vgpu-patch status' is not implemented in this version")
+@click.command("status", epilog=EPILOG)
+@target_options
+@click.option("--history", "history", default=5, show_default=True, type=click.IntRange(0),
+              help="How many history entries to show per node.")
+@json_option
+def cli(history: int, as_json: bool, parallel: int, **kw: object) -> None:
+    """Show per node: the live library and its sha256, ours (with version) or the vendor's,
+    the backups kept, the last swaps, and how many running processes still map an older copy
+    (they keep it until restarted).
+    """
+    targets = resolve_targets(kw)
+
+    def op(t, spec):  # type: ignore[no-untyped-def]
+        return "ok", node_status(t, targets.dir_for(spec), history=history)
+
+    with progress(len(targets.specs), "status") as done:
+        fleet = run_fleet(targets.specs, op, targets.connect, parallel=parallel, canary=0, keep_going=True,
+                          on_done=done)
+    if as_json:
+        emit_json(fleet.to_dict())
+    else:
+        status_table(fleet)
+    raise SystemExit(fleet.exit_code())

@@ -1,0 +1,18 @@
+/* Every limit decision goes through this interface. This implementation is process-local
+ * (atomics); the region layer re-implements it on HAMi's shared region (cross-process).
+ * dev must already be bounds-checked by the caller (0 <= dev < VGPU_MAX_DEVICES). */
+#ifndef VGPU_BUDGET_H
+#define VGPU_BUDGET_H
+
+#include <stdint.h>
+
+#include "vgpu.h"
+
+/* 0 when `bytes` fit under the device's limit (and are now counted), -1 when over the limit */
+VGPU_HIDDEN int vgpu_budget_reserve(int dev, uint64_t bytes);
+VGPU_HIDDEN void vgpu_budget_release(int dev, uint64_t bytes);
+VGPU_HIDDEN uint64_t vgpu_budget_used(int dev);
+/* bytes, 0 = no limit */
+VGPU_HIDDEN uint64_t vgpu_budget_limit(int dev);
+
+#endif

@@ -1,0 +1,122 @@
+/* Device resolution. Never indexes anything with an id the driver did not vouch for. */
+#include <stddef.h>
+
+#include "accounting/device.h"
+#include "accounting/table.h"
+#include "interpose/real.h"
+
+static int device_count = -1; /* cached after cuInit; -1 = not known yet */
+
+/* bound is the driver's device count once known, VGPU_MAX_DEVICES before */
+VGPU_HIDDEN int vgpu_dev_check(long long dev)
+{
+    int n = __atomic_load_n(&device_count, __ATOMIC_RELAXED);
+
+    if (n < 0) {
+        int c = 0;
+        if (REAL(cuDeviceGetCount)(&c) == CUDA_SUCCESS && c >= 0) {
+            n = c < VGPU_MAX_DEVICES ? c : VGPU_MAX_DEVICES;
+            __atomic_store_n(&device_count, n, __ATOMIC_RELAXED);
+        } else {
+            n = VGPU_MAX_DEVICES;
+        }
+    }
+    return (dev >= 0 && dev < n) ? (int)dev : VGPU_DEV_UNKNOWN;
+}
+
+VGPU_HIDDEN void vgpu_dev_forget_count(void)
+{
+    __atomic_store_n(&device_count, -1, __ATOMIC_RELAXED);
+}
+
+VGPU_HIDDEN int vgpu_dev_current(void)
+{
+    CUdevice d = -1;
+
+    if (REAL(cuCtxGetDevice)(&d) != CUDA_SUCCESS) /* no current context: nothing to charge */
+        return VGPU_DEV_UNKNOWN;
+    return vgpu_dev_check(d);
+}
+
+VGPU_HIDDEN int vgpu_dev_from_location(const CUmemLocation *loc)
+{
+    if (!loc)
+        return VGPU_DEV_UNKNOWN;
+    switch (loc->type) {
+    case CU_MEM_LOCATION_TYPE_DEVICE:
+        return vgpu_dev_check(loc->id);
+    case CU_MEM_LOCATION_TYPE_HOST:
+    case CU_MEM_LOCATION_TYPE_HOST_NUMA:
+    case CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT:
+        return VGPU_DEV_HOST;
+    default:
+        return VGPU_DEV_UNKNOWN;
+    }
+}
+
+/* a driver entry point newer than our surface (not exported by us), looked up once; NULL if absent */
+static void *optional_sym(void **cache, const char *name)
+{
+    void *p = __atomic_load_n(cache, __ATOMIC_RELAXED);
+
+    if (!p) {
+        vgpu_lib_init(VGPU_LIB_CUDA);
+        p = vgpu_lib_handle(VGPU_LIB_CUDA) ? vgpu_resolve(name, VGPU_LIB_CUDA, 0) : NULL;
+        if (!p)
+            p = (void *)-1;
+        __atomic_store_n(cache, p, __ATOMIC_RELAXED);
+    }
+    return p == (void *)-1 ? NULL : p;
+}
+
+/* the device of a context without making it current on this thread */
+static int dev_of_ctx(CUcontext ctx)
+{
+    static void *get_v2_cache;
+    void *get_v2 = optional_sym(&get_v2_cache, "cuCtxGetDevice_v2"); /* CUDA 12.8+ */
+    CUdevice d = -1;
+    CUcontext popped;
+    CUresult rc;
+
+    if (get_v2 && ((CUresult(*)(CUdevice *, CUcontext))get_v2)(&d, ctx) == CUDA_SUCCESS)
+        return vgpu_dev_check(d);
+    if (REAL(cuCtxPushCurrent_v2)(ctx) != CUDA_SUCCESS)
+        return VGPU_DEV_UNKNOWN;
+    rc = REAL(cuCtxGetDevice)(&d);
+    REAL(cuCtxPopCurrent_v2)(&popped);
+    return rc == CUDA_SUCCESS ? vgpu_dev_check(d) : VGPU_DEV_UNKNOWN;
+}
+
+VGPU_HIDDEN int vgpu_dev_from_stream(CUstream stream)
+{
+    static void *get_dev_cache, *get_ctx_cache;
+    void *get_dev = optional_sym(&get_dev_cache, "cuStreamGetDevice"); /* CUDA 12.8+ */
+    void *get_ctx;
+    CUdevice d = -1;
+    CUcontext ctx = NULL;
+
+    if (get_dev && ((CUresult(*)(CUstream, CUdevice *))get_dev)(stream, &d) == CUDA_SUCCESS)
+        return vgpu_dev_check(d);
+    if (stream == NULL || stream == CU_STREAM_LEGACY || stream == CU_STREAM_PER_THREAD)
+        return vgpu_dev_current();
+    get_ctx = optional_sym(&get_ctx_cache, "cuStreamGetCtx");
+    if (!get_ctx || ((CUresult(*)(CUstream, CUcontext *))get_ctx)(stream, &ctx) != CUDA_SUCCESS || !ctx)
+        return VGPU_DEV_UNKNOWN;
+    return dev_of_ctx(ctx);
+}
+
+VGPU_HIDDEN int vgpu_dev_from_pool(CUmemoryPool pool, CUstream stream)
+{
+    int type = 0, id = -1, dev;
+    uint64_t unused;
+
+    /* the pool's own location (CUDA 13 attributes), else what we saw at its creation */
+    if (pool && REAL(cuMemPoolGetAttribute)(pool, CU_MEMPOOL_ATTR_LOCATION_TYPE, &type) == CUDA_SUCCESS &&
+        REAL(cuMemPoolGetAttribute)(pool, CU_MEMPOOL_ATTR_LOCATION_ID, &id) == CUDA_SUCCESS) {
+        CUmemLocation loc = {.type = (CUmemLocationType)type, .id = id};
+        return vgpu_dev_from_location(&loc);
+    }
+    if (pool && vgpu_table_get((uint64_t)(uintptr_t)pool, VGPU_K_POOL, &dev, &unused))
+        return dev;
+    return vgpu_dev_from_stream(stream);
+}

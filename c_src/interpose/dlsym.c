@@ -1,0 +1,68 @@
+/* Exported dlsym: our wrapper for a wrapped name, otherwise exactly the real dlsym, including
+ * RTLD_NEXT relative to the caller and stable results on repeated lookups. */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <link.h>
+#include <stddef.h>
+
+#include "interpose/real.h"
+#include "interpose/wrapped.h"
+
+static struct link_map *map_of(const void *addr)
+{
+    Dl_info info;
+    struct link_map *lm = NULL;
+
+    if (!dladdr1(addr, &info, (void **)&lm, RTLD_DL_LINKMAP))
+        return NULL;
+    return lm;
+}
+
+/* RTLD_NEXT relative to OUR caller: the first object after the caller's in load order that
+ * defines name itself (the real dlsym would search relative to this shim instead). */
+static void *next_after(const void *caller, const char *name)
+{
+    struct link_map *self = map_of(caller), *l;
+
+    if (!self)
+        return NULL;
+    for (l = self->l_next; l; l = l->l_next) {
+        void *h = dlopen(l->l_name, RTLD_NOLOAD | RTLD_LAZY), *p;
+        struct link_map *owner;
+        Dl_info info;
+
+        if (!h)
+            continue; /* the vDSO and objects of other namespaces */
+        p = vgpu_real_dlsym(h, name);
+        dlclose(h);
+        if (!p)
+            continue;
+        /* a hit from one of l's dependencies belongs to a later step of the walk */
+        if (!dladdr1(p, &info, (void **)&owner, RTLD_DL_LINKMAP))
+            return p; /* a TLS variable: not inside any mapping */
+        if (owner == l)
+            return p;
+    }
+    return NULL;
+}
+
+VGPU_EXPORT void *dlsym(void *restrict handle, const char *restrict symbol)
+{
+    const char *name = symbol;
+    void *p, *w;
+
+    __asm__("" : "+r"(name)); /* dlfcn.h declares it nonnull; a broken caller must not be "optimised" */
+    if (!name)
+        return vgpu_real_dlsym(handle, symbol);
+    if (handle == RTLD_NEXT)
+        p = next_after(__builtin_return_address(0), name);
+    else
+        p = vgpu_real_dlsym(handle, name);
+    w = p ? vgpu_wrapper_by_name(name) : NULL;
+    return w ? w : p;
+}
+/* dlfcn.h gives dlsym nothrow/leaf attributes the hidden alias need not repeat */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmissing-attributes"
+#endif
+VGPU_OWN_ALIAS(dlsym)

@@ -1,0 +1,33 @@
+/* cuGetProcAddress(_v2): the driver keeps deciding which version a (name, cudaVersion, flags)
+ * query means (per-thread-stream variants included); we only swap the pointer it returns for
+ * our wrapper when it is the real address of a function we wrap. */
+#include <cuda.h>
+#undef cuGetProcAddress /* cuda.h maps it to _v2; we also export the original 4-argument one */
+
+#include "interpose/real.h"
+#include "interpose/wrapped.h"
+
+VGPU_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,
+                                         CUdriverProcAddressQueryResult *symbolStatus)
+{
+    __typeof__(&cuGetProcAddress_v2) real = REAL(cuGetProcAddress_v2);
+    CUresult rc = real(symbol, pfn, cudaVersion, flags, symbolStatus);
+
+    if (rc == CUDA_SUCCESS && pfn)
+        *pfn = vgpu_swap_for_wrapper(*pfn);
+    return rc;
+}
+VGPU_OWN_ALIAS(cuGetProcAddress_v2)
+
+VGPU_EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags);
+VGPU_EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags)
+{
+    CUresult (*real)(const char *, void **, int, cuuint64_t) = vgpu_real_fn(VGPU_IDX_cuGetProcAddress);
+    CUresult rc = real(symbol, pfn, cudaVersion, flags);
+
+    if (rc == CUDA_SUCCESS && pfn)
+        *pfn = vgpu_swap_for_wrapper(*pfn);
+    return rc;
+}
+VGPU_OWN_ALIAS(cuGetProcAddress)
+

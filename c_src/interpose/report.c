@@ -1,0 +1,137 @@
+/* cuInit and the memory reporting calls: with a limit they show the limit (total) and the
+ * budget left (free); without one, the real device. Never 0 bytes, NULL outputs tolerated. */
+#include <stdint.h>
+
+#include <cuda.h>
+#include <nvml.h>
+
+#include "accounting/budget.h"
+#include "accounting/device.h"
+#include "interpose/real.h"
+#include "limits/limits.h"
+
+VGPU_EXPORT CUresult cuInit(unsigned int Flags)
+{
+    __typeof__(&cuInit) real = REAL(cuInit);
+    CUresult rc;
+
+    if (!vgpu_limits_valid()) /* the complaint was printed when libcuda was loaded */
+        return CUDA_ERROR_INVALID_VALUE;
+    rc = real(Flags);
+    if (rc == CUDA_SUCCESS)
+        vgpu_dev_forget_count(); /* count the devices again, now that the driver can */
+    return rc;
+}
+VGPU_OWN_ALIAS(cuInit)
+
+static uint64_t min_u64(uint64_t a, uint64_t b)
+{
+    return a < b ? a : b;
+}
+
+/* free as the container sees it: what is left of its limit, and never more than the device has */
+static uint64_t limited_free(int dev, uint64_t limit, uint64_t real_free)
+{
+    uint64_t used = vgpu_budget_used(dev);
+    return min_u64(used < limit ? limit - used : 0, real_free);
+}
+
+VGPU_EXPORT CUresult cuMemGetInfo_v2(size_t *free, size_t *total)
+{
+    __typeof__(&cuMemGetInfo_v2) real = REAL(cuMemGetInfo_v2);
+    size_t f = 0, t = 0;
+    uint64_t limit;
+    int dev;
+    CUresult rc = real(&f, &t); /* locals: a NULL output must not reach the driver */
+
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    dev = vgpu_dev_current();
+    limit = dev >= 0 ? vgpu_budget_limit(dev) : 0;
+    if (limit) {
+        f = (size_t)limited_free(dev, limit, f);
+        t = (size_t)limit;
+    }
+    if (free)
+        *free = f;
+    if (total)
+        *total = t;
+    return CUDA_SUCCESS;
+}
+VGPU_OWN_ALIAS(cuMemGetInfo_v2)
+
+VGPU_EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
+{
+    __typeof__(&cuDeviceTotalMem_v2) real = REAL(cuDeviceTotalMem_v2);
+    size_t t = 0;
+    int d;
+    CUresult rc;
+
+    if (!bytes)
+        return CUDA_ERROR_INVALID_VALUE;
+    rc = real(&t, dev);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    d = vgpu_dev_check(dev);
+    if (d >= 0 && vgpu_budget_limit(d))
+        t = (size_t)vgpu_budget_limit(d);
+    *bytes = t;
+    return CUDA_SUCCESS;
+}
+VGPU_OWN_ALIAS(cuDeviceTotalMem_v2)
+
+/* NVML index == CUDA ordinal inside a HAMi container: both see only the container's devices */
+static int nvml_dev(nvmlDevice_t device)
+{
+    unsigned int idx = 0;
+    if (REAL(nvmlDeviceGetIndex)(device, &idx) != NVML_SUCCESS || idx >= VGPU_MAX_DEVICES)
+        return VGPU_DEV_UNKNOWN;
+    return (int)idx;
+}
+
+VGPU_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory)
+{
+    __typeof__(&nvmlDeviceGetMemoryInfo) real = REAL(nvmlDeviceGetMemoryInfo);
+    nvmlReturn_t rc;
+    uint64_t limit;
+    int dev;
+
+    if (!memory)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    rc = real(device, memory);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    dev = nvml_dev(device);
+    limit = dev >= 0 ? vgpu_budget_limit(dev) : 0;
+    if (limit) {
+        memory->used = vgpu_budget_used(dev);
+        memory->free = limited_free(dev, limit, memory->free);
+        memory->total = limit;
+    }
+    return NVML_SUCCESS;
+}
+VGPU_OWN_ALIAS(nvmlDeviceGetMemoryInfo)
+
+VGPU_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *memory)
+{
+    __typeof__(&nvmlDeviceGetMemoryInfo_v2) real = REAL(nvmlDeviceGetMemoryInfo_v2);
+    nvmlReturn_t rc;
+    uint64_t limit;
+    int dev;
+
+    if (!memory)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    rc = real(device, memory);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    dev = nvml_dev(device);
+    limit = dev >= 0 ? vgpu_budget_limit(dev) : 0;
+    if (limit) {
+        memory->used = vgpu_budget_used(dev);
+        memory->reserved = 0;
+        memory->free = limited_free(dev, limit, memory->free);
+        memory->total = limit;
+    }
+    return NVML_SUCCESS;
+}
+VGPU_OWN_ALIAS(nvmlDeviceGetMemoryInfo_v2)

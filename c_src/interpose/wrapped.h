@@ -1,0 +1,19 @@
+/* Our wrappers, looked up by the real address they replace or by name. */
+#ifndef VGPU_WRAPPED_H
+#define VGPU_WRAPPED_H
+
+#include "vgpu.h"
+
+struct wrapped {
+    const char *name;
+    int idx; /* VGPU_IDX_* for exported hooks, -1 - VGPU_VAR_* for variants */
+    int lib;
+    void (*wrapper)(void);
+};
+
+/* our wrapper when p is the real address of a CUDA function we wrap, else p unchanged */
+VGPU_HIDDEN void *vgpu_swap_for_wrapper(void *p);
+/* our wrapper for a wrapped name (OWN hook or PTSZ variant), else NULL */
+VGPU_HIDDEN void *vgpu_wrapper_by_name(const char *name);
+
+#endif

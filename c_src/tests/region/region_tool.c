@@ -1,0 +1,169 @@
+/* Test driver for c_src/region (not part of the shim): runs its arguments as steps, one line of
+ * output per step, so pytest can drive several real processes against one region file.
+ *   offsets                 print every layout offset as JSON (pinned against vgpu_patch/region.py)
+ *   attach                  attach with devices from VGPU_TEST_DEVICES (default 1) and limits from env
+ *   reserve:D:N  release:D:N  used:D  limit:D  smlimit:D  slot  procnum
+ *   wait                    block until a line (or EOF) arrives on stdin
+ *   sleep:MS  kill (SIGKILL ourselves)  detach  fork:STEPS (run ';'-separated steps in a child, wait)
+ *   exec:STEPS              replace this image with a fresh region_tool running STEPS (same pid)
+ *   lockhold:MS             hold the region lock for MS milliseconds
+ */
+#include <signal.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "limits/limits.h"
+#include "log/log.h"
+#include "region/region.h"
+
+#define OFF(t, f) printf("\"%s.%s\": %zu,\n", #t, #f, offsetof(t, f))
+
+static void print_offsets(void)
+{
+    printf("{\n");
+    OFF(vgpu_device_memory_t, context_size); OFF(vgpu_device_memory_t, module_size);
+    OFF(vgpu_device_memory_t, data_size); OFF(vgpu_device_memory_t, offset);
+    OFF(vgpu_device_memory_t, total); OFF(vgpu_device_memory_t, unused);
+    OFF(vgpu_device_util_t, dec_util); OFF(vgpu_device_util_t, enc_util);
+    OFF(vgpu_device_util_t, sm_util); OFF(vgpu_device_util_t, unused);
+    OFF(vgpu_proc_slot_t, pid); OFF(vgpu_proc_slot_t, hostpid); OFF(vgpu_proc_slot_t, used);
+    OFF(vgpu_proc_slot_t, monitorused); OFF(vgpu_proc_slot_t, device_util); OFF(vgpu_proc_slot_t, status);
+    OFF(vgpu_proc_slot_t, seqlock); OFF(vgpu_proc_slot_t, unused);
+    OFF(vgpu_region_t, initialized_flag); OFF(vgpu_region_t, major_version);
+    OFF(vgpu_region_t, minor_version); OFF(vgpu_region_t, sm_init_flag); OFF(vgpu_region_t, owner_pid);
+    OFF(vgpu_region_t, sem); OFF(vgpu_region_t, device_num); OFF(vgpu_region_t, uuids);
+    OFF(vgpu_region_t, limit); OFF(vgpu_region_t, sm_limit); OFF(vgpu_region_t, procs);
+    OFF(vgpu_region_t, proc_num); OFF(vgpu_region_t, utilization_switch); OFF(vgpu_region_t, recent_kernel);
+    OFF(vgpu_region_t, priority); OFF(vgpu_region_t, last_kernel_time); OFF(vgpu_region_t, sem_postinit);
+    printf("\"sizeof.vgpu_device_memory_t\": %zu,\n\"sizeof.vgpu_device_util_t\": %zu,\n",
+           sizeof(vgpu_device_memory_t), sizeof(vgpu_device_util_t));
+    printf("\"sizeof.vgpu_proc_slot_t\": %zu,\n\"sizeof.vgpu_region_t\": %zu\n}\n", sizeof(vgpu_proc_slot_t),
+           sizeof(vgpu_region_t));
+}
+
+static int attach(void)
+{
+    vgpu_region_config_t cfg;
+    const char *nd = getenv("VGPU_TEST_DEVICES");
+    int d;
+
+    memset(&cfg, 0, sizeof cfg);
+    cfg.device_count = nd ? atoi(nd) : 1;
+    for (d = 0; d < cfg.device_count && d < VGPU_MAX_DEVICES; d++)
+        snprintf(cfg.uuid[d], sizeof cfg.uuid[d], "GPU-00000000-0000-0000-0000-%012d", d);
+    vgpu_region_config_from_env(&cfg);
+    return vgpu_region_attach(0, &cfg);
+}
+
+static void msleep(long ms)
+{
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+    nanosleep(&ts, 0);
+}
+
+static int step(char *s);
+
+static int run_steps(char *list)
+{
+    char *save = 0, *t;
+    for (t = strtok_r(list, ";", &save); t; t = strtok_r(0, ";", &save))
+        if (step(t))
+            return 1;
+    return 0;
+}
+
+static int step(char *s)
+{
+    int d = 0;
+    unsigned long long n = 0;
+    vgpu_region_t *r = vgpu_region_get();
+
+    if (!strcmp(s, "offsets")) {
+        print_offsets();
+    } else if (!strcmp(s, "attach")) {
+        printf("attach %s\n", attach() == 0 ? "ok" : "failed");
+    } else if (sscanf(s, "reserve:%d:%llu", &d, &n) == 2) {
+        int rc = vgpu_region_reserve(d, n);
+        printf("reserve %s\n", rc == 0 ? "ok" : rc == -1 ? "refused" : "unattached");
+    } else if (sscanf(s, "release:%d:%llu", &d, &n) == 2) {
+        vgpu_region_release(d, n);
+        printf("release ok\n");
+    } else if (sscanf(s, "used:%d", &d) == 1) {
+        printf("used %llu\n", r ? (unsigned long long)vgpu_region_sum_used(r, d) : 0ull);
+    } else if (sscanf(s, "limit:%d", &d) == 1) {
+        printf("limit %llu\n", r ? (unsigned long long)r->limit[d] : 0ull);
+    } else if (sscanf(s, "smlimit:%d", &d) == 1) {
+        printf("smlimit %llu\n", r ? (unsigned long long)r->sm_limit[d] : 0ull);
+    } else if (!strcmp(s, "slot")) {
+        vgpu_proc_slot_t *me = vgpu_region_self();
+        printf("slot %ld\n", (me && r) ? (long)(me - r->procs) : -1L);
+    } else if (!strcmp(s, "procnum")) {
+        printf("procnum %d\n", r ? r->proc_num : -1);
+    } else if (!strcmp(s, "wait")) {
+        char line[64];
+        fflush(stdout);
+        if (!fgets(line, sizeof line, stdin))
+            line[0] = 0;
+        printf("woke\n");
+    } else if (sscanf(s, "sleep:%d", &d) == 1) {
+        msleep(d);
+    } else if (sscanf(s, "lockhold:%d", &d) == 1) {
+        vgpu_region_lock();
+        printf("locked\n");
+        fflush(stdout);
+        msleep(d);
+        vgpu_region_unlock();
+    } else if (!strcmp(s, "kill")) {
+        fflush(stdout);
+        raise(SIGKILL);
+    } else if (!strcmp(s, "detach")) {
+        vgpu_region_detach();
+        printf("detach ok\n");
+    } else if (!strncmp(s, "exec:", 5)) {
+        char *args[64], *save = 0, *t;
+        int n = 0;
+        args[n++] = "region_tool";
+        for (t = strtok_r(s + 5, ";", &save); t && n < 63; t = strtok_r(0, ";", &save))
+            args[n++] = t;
+        args[n] = 0;
+        fflush(stdout);
+        execv("/proc/self/exe", args);
+        printf("exec failed\n");
+    } else if (!strncmp(s, "fork:", 5)) {
+        pid_t pid;
+        int st;
+        fflush(stdout);
+        pid = fork();
+        if (pid == 0)
+            _exit(run_steps(s + 5));
+        waitpid(pid, &st, 0);
+        printf("child exit %d\n", WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+    } else {
+        fprintf(stderr, "region_tool: unknown step '%s'\n", s);
+        return 1;
+    }
+    fflush(stdout);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    int i;
+
+    setvbuf(stdout, 0, _IOLBF, 0);
+    vgpu_log_init_from_env();
+    vgpu_limits_load_env();
+    if (!vgpu_limits_valid()) {
+        printf("limits invalid: %s\n", vgpu_limits_error());
+        return 3;
+    }
+    for (i = 1; i < argc; i++)
+        if (step(argv[i]))
+            return 1;
+    return 0;
+}

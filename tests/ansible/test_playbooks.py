@@ -1,0 +1,138 @@
+"""deploy.yml / rollback.yml / status.yml with real ansible-playbook over real sshd on 127.0.0.1."""
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+
+from conftest import Libs, Node, run_playbook, write_inventory
+
+ALL_AT_ONCE = {"vgpu_patch_serial": "100%"}  # one batch: faster where batching is not under test
+
+
+def sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def assert_clean(node: Node) -> None:
+    """No lock, staged file or temp file left behind."""
+    assert not (node.state / "lock.d").exists()
+    assert list((node.state / "staging").iterdir()) == []
+    assert [p.name for p in node.libdir.iterdir() if p.name.startswith(("tmp", ".ansible_tmp", ".libvgpu"))] == []
+
+
+def test_deploy_rerun_status_rollback(nodes: list[Node], libs: Libs, tmp_path: Path) -> None:
+    versioned, plain, fresh = nodes
+    shutil.copy(libs.vendor, versioned.libdir / "libvgpu.so.2.5.0")
+    os.chmod(versioned.libdir / "libvgpu.so.2.5.0", 0o755)
+    shutil.copy(libs.vendor, plain.libdir / "libvgpu.so")
+    os.chmod(plain.libdir / "libvgpu.so", 0o644)
+    (plain.libdir / "ld.so.preload").write_text("/usr/local/vgpu/libvgpu.so\n")
+    inv = write_inventory(nodes, tmp_path / "inv.ini")
+    vendor_sha, v2_sha = sha(libs.vendor), sha(libs.v2)
+
+    run = run_playbook("deploy.yml", inv, {**ALL_AT_ONCE, "vgpu_patch_library": str(libs.v2),
+                                           "vgpu_patch_library_sha256": v2_sha})
+    assert run.rc == 0, run.output
+    live = {versioned: versioned.libdir / "libvgpu.so.2.5.0", plain: plain.libdir / "libvgpu.so",
+            fresh: fresh.libdir / "libvgpu.so"}
+    for node, path in live.items():
+        assert sha(path) == v2_sha
+        assert run.changed(node) > 0
+        assert_clean(node)
+        (line,) = node.history()
+        assert line["action"] == "deploy" and line["tool"] == "ansible" and line["to_sha256"] == v2_sha
+        assert line["path"] == str(path) and line["time"].endswith("Z") and "@" in line["operator"]
+    assert not (versioned.libdir / "libvgpu.so").exists()  # the versioned file is the live one
+    assert oct((versioned.libdir / "libvgpu.so.2.5.0").stat().st_mode & 0o777) == "0o755"  # mode kept
+    assert fresh.history()[0]["from_sha256"] is None
+    for node in (versioned, plain):
+        assert node.history()[0]["from_sha256"] == vendor_sha
+        backup = node.state / "backups" / f"{vendor_sha}.so"
+        assert backup.read_bytes() == libs.vendor.read_bytes()
+        doc = json.loads((node.state / "backups" / f"{vendor_sha}.json").read_text())
+        assert doc["sha256"] == vendor_sha and doc["size"] == libs.vendor.stat().st_size and doc["tool"] == "ansible"
+
+    again = run_playbook("deploy.yml", inv, {**ALL_AT_ONCE, "vgpu_patch_library": str(libs.v2)})
+    assert again.rc == 0, again.output
+    assert {n.name: again.changed(n) for n in nodes} == {n.name: 0 for n in nodes}
+    assert all(len(n.history()) == 1 for n in nodes)
+
+    status = run_playbook("status.yml", inv, limit=plain.name)
+    assert status.rc == 0 and status.changed(plain) == 0, status.output
+    assert v2_sha in status.output and "vgpu-patch-shim 0.2.0" in status.output
+
+    back = run_playbook("rollback.yml", inv, ALL_AT_ONCE, limit=f"{versioned.name},{plain.name}")
+    assert back.rc == 0, back.output
+    for node in (versioned, plain):
+        assert live[node].read_bytes() == libs.vendor.read_bytes()  # byte-identical
+        last = node.history()[-1]
+        assert (last["action"], last["from_sha256"], last["to_sha256"]) == ("rollback", v2_sha, vendor_sha)
+        assert (node.state / "backups" / f"{v2_sha}.so").read_bytes() == libs.v2.read_bytes()  # roll-forward kept
+        assert_clean(node)
+
+
+def test_candidate_failing_the_load_test_stops_at_the_canary(nodes: list[Node], libs: Libs, tmp_path: Path) -> None:
+    for n in nodes:
+        shutil.copy(libs.vendor, n.libdir / "libvgpu.so")
+    inv = write_inventory(nodes, tmp_path / "inv.ini")
+    run = run_playbook("deploy.yml", inv, {"vgpu_patch_library": str(libs.not_elf)})
+    assert run.rc != 0
+    assert "failed to validate" in run.output and "cannot be preloaded" in run.output
+    canary, *rest = nodes
+    assert run.failed(canary) == 1
+    assert all(n.name not in run.recap for n in rest), run.output  # later batches never started
+    for n in nodes:
+        assert (n.libdir / "libvgpu.so").read_bytes() == libs.vendor.read_bytes()
+        assert n.history() == []
+    assert_clean(canary)
+    assert not rest[0].state.exists()
+
+
+def test_failing_node_stops_the_rollout(nodes: list[Node], libs: Libs, tmp_path: Path) -> None:
+    first, broken, last = nodes
+    for n in nodes:
+        shutil.copy(libs.vendor, n.libdir / "libvgpu.so.2.5.0")
+    shutil.copy(libs.v1, broken.libdir / "libvgpu.so.2.4.0")  # two versioned files: ambiguous
+    inv = write_inventory(nodes, tmp_path / "inv.ini")
+    run = run_playbook("deploy.yml", inv, {"vgpu_patch_library": str(libs.v2)})  # serial [1, 25%]
+    assert run.rc != 0
+    assert "several versioned libraries" in run.output
+    assert run.failed(first) == 0 and run.changed(first) > 0
+    assert sha(first.libdir / "libvgpu.so.2.5.0") == sha(libs.v2)
+    assert run.failed(broken) == 1
+    assert sha(broken.libdir / "libvgpu.so.2.5.0") == sha(libs.vendor)
+    assert not (broken.state / "lock.d").exists()  # released in `always`
+    assert last.name not in run.recap and not last.state.exists()
+
+
+def test_lock_held_by_another_deploy_is_respected(nodes: list[Node], libs: Libs, tmp_path: Path) -> None:
+    node = nodes[0]
+    shutil.copy(libs.vendor, node.libdir / "libvgpu.so")
+    (node.state / "backups").mkdir(parents=True)
+    inv = write_inventory([node], tmp_path / "inv.ini")
+    with open(node.state / "lock", "a") as lock:  # what the CLI holds during its swap
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        run = run_playbook("deploy.yml", inv, {"vgpu_patch_library": str(libs.v2)})
+    assert run.rc != 0 and "held by another process" in run.output
+    assert (node.libdir / "libvgpu.so").read_bytes() == libs.vendor.read_bytes()
+    assert not (node.state / "lock.d").exists()
+
+    (node.state / "lock.d").mkdir()  # a run that died holding the lock
+    (node.state / "lock.d" / "owner").write_text("alice@ctl ansible 2026-01-01T00:00:00Z\n")
+    run = run_playbook("deploy.yml", inv, {"vgpu_patch_library": str(libs.v2)})
+    assert run.rc != 0 and "alice@ctl" in run.output and "vgpu_patch_break_lock" in run.output
+    run = run_playbook("deploy.yml", inv, {"vgpu_patch_library": str(libs.v2), "vgpu_patch_break_lock": True})
+    assert run.rc == 0, run.output
+    assert sha(node.libdir / "libvgpu.so") == sha(libs.v2)
+    assert_clean(node)
+
+
+def test_wrong_expected_sha256_touches_no_node(nodes: list[Node], libs: Libs, tmp_path: Path) -> None:
+    inv = write_inventory(nodes, tmp_path / "inv.ini")
+    run = run_playbook("deploy.yml", inv, {"vgpu_patch_library": str(libs.v2), "vgpu_patch_library_sha256": "0" * 64})
+    assert run.rc != 0 and "no node was touched" in run.output
+    assert all(not n.state.exists() for n in nodes)

@@ -1,0 +1,91 @@
+"""Same inputs, same bytes: two builds from copies of the tree at different paths match; the manifest
+describes the build without timestamps or absolute paths."""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+from buildtree import FILES, needs_gcc, write_tree
+
+from vgpu_patch import __version__
+from vgpu_patch.build import build_shim
+from vgpu_patch.manifest import source_hash
+
+MANIFEST_KEYS = {
+    "schema", "file", "soname", "sha256", "size", "build_id", "arch", "target", "glibc_floor",
+    "glibc_max_required", "glibc_versions", "needed", "compiler", "profile", "defines", "flags",
+    "sources", "source_sha256", "hooks_def_sha256", "exports", "headers", "tool",
+}
+
+
+def two_builds(tmp_path: Path, **kw) -> tuple:
+    """Build two copies of the fixture tree, at different paths, into different out dirs."""
+    a = build_shim(tmp_path / "out-a", src_dir=write_tree(tmp_path / "a" / "c_src"), **kw)
+    b = build_shim(tmp_path / "deeper" / "out-b", src_dir=write_tree(tmp_path / "b" / "x" / "c_src"), **kw)
+    return a, b
+
+
+@pytest.mark.parametrize("arch", ["x86_64", "aarch64"])
+def test_zig_builds_are_reproducible(tmp_path: Path, arch: str) -> None:
+    a, b = two_builds(tmp_path, arch=arch, glibc="2.28")
+    assert a.library.read_bytes() == b.library.read_bytes()
+    assert a.manifest == b.manifest
+    assert a.manifest_path.read_bytes() == b.manifest_path.read_bytes()
+
+
+def test_zig_build_does_not_depend_on_the_cache_state(tmp_path: Path, built, monkeypatch) -> None:
+    monkeypatch.setenv("VGPU_PATCH_ZIG_CACHE", str(tmp_path / "fresh-zig-cache"))
+    r = build_shim(tmp_path / "out", arch="x86_64", glibc="2.28", src_dir=write_tree(tmp_path / "elsewhere"))
+    assert r.sha256 == built("x86_64", "2.28").sha256
+    assert not list((tmp_path / "out").glob(".*"))  # no temp files left next to the library
+
+
+@needs_gcc
+@pytest.mark.parametrize("profile", ["release", "debug"])
+def test_gcc_builds_are_reproducible(tmp_path: Path, profile: str) -> None:
+    a, b = two_builds(tmp_path, arch=None, glibc=None, compiler="gcc", profile=profile)
+    assert a.sha256 == b.sha256 == hashlib.sha256(b.library.read_bytes()).hexdigest()
+
+
+def test_manifest_fields(built, fixture_src: Path) -> None:
+    r = built("x86_64", "2.28")
+    m = r.manifest
+    assert set(m) == MANIFEST_KEYS
+    assert json.loads(r.manifest_path.read_text()) == m
+    assert r.manifest_path == r.library.with_name("libvgpu.so.json")
+    assert m["sha256"] == hashlib.sha256(r.library.read_bytes()).hexdigest()
+    assert m["size"] == r.library.stat().st_size
+    assert m["compiler"]["name"] == "zig cc" and m["compiler"]["version"].startswith("zig 0.")
+    assert m["profile"] == "release" and "-O2" in m["flags"]["cflags"] and "-g0" in m["flags"]["cflags"]
+    assert "-Wl,--build-id=sha1" in m["flags"]["ldflags"] and "-Wl,-soname,libvgpu.so" in m["flags"]["ldflags"]
+    assert m["tool"] == f"vgpu-patch {__version__}"
+    assert m["source_sha256"] == source_hash(fixture_src)
+    assert m["hooks_def_sha256"] == hashlib.sha256((fixture_src / "interpose/hooks.def").read_bytes()).hexdigest()
+    assert m["headers"]["cuda_version"] >= 12000
+    assert f'VGPU_VERSION="{__version__}"' in m["defines"]
+    text = r.manifest_path.read_text()
+    assert str(fixture_src) not in text and "/tmp" not in text and "site-packages" not in text
+    assert "built_at" not in m  # no timestamps: the manifest is as reproducible as the .so
+
+
+def test_source_hash_follows_sources_not_tests(tmp_path: Path) -> None:
+    src = write_tree(tmp_path / "c_src")
+    h0 = source_hash(src)
+    (src / "tests" / "broken.c").write_text("changed test file\n")
+    (src / "notes.txt").write_text("not a source\n")
+    assert source_hash(src) == h0
+    (src / "core.h").write_text(FILES["core.h"] + "/* edit */\n")
+    assert source_hash(src) != h0
+    (src / "core.h").write_text(FILES["core.h"])
+    (src / "interpose" / "hooks.def").rename(src / "interpose" / "hooks2.def")
+    assert source_hash(src) != h0  # paths count, not only contents
+
+
+def test_source_change_changes_the_library(tmp_path: Path, built) -> None:
+    base = built("x86_64", "2.28")
+    files = dict(FILES)
+    files["core.c"] = FILES["core.c"].replace("(size_t)4 << 30", "(size_t)8 << 30")
+    r = build_shim(tmp_path / "out", arch="x86_64", glibc="2.28", src_dir=write_tree(tmp_path / "c_src", files))
+    assert r.sha256 != base.sha256 and r.manifest["source_sha256"] != base.manifest["source_sha256"]

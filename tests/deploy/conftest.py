@@ -1,0 +1,97 @@
+"""Fixtures for the deploy tests: real sshd servers (tests/sshd_harness.py) and small real .so files."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from sshd_harness import SSHD, HarnessUnavailable, available
+
+TEST_USER = "vgpudeploy"
+
+
+def _need_sshd() -> None:
+    reason = available()
+    if reason:
+        pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def sshd_root(tmp_path_factory: pytest.TempPathFactory):
+    """An sshd that logs in the current user (root in CI)."""
+    _need_sshd()
+    with SSHD(tmp_path_factory.mktemp("sshd-root")) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def sshd_sudo(tmp_path_factory: pytest.TempPathFactory):
+    """An sshd logging in a non-root user whose sudo rule allows only `sh`, with requiretty (root only)."""
+    _need_sshd()
+    if os.geteuid() != 0:
+        pytest.skip("needs root (creates a unix user and a sudoers rule)")
+    try:
+        server = SSHD(
+            tmp_path_factory.mktemp("sshd-sudo"), user=TEST_USER, create_user=True, sudo=True, requiretty=True
+        )
+    except HarnessUnavailable as e:
+        pytest.skip(str(e))
+    with server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def sshd_nosudo(tmp_path_factory: pytest.TempPathFactory):
+    """An sshd logging in a non-root user with no sudo rights at all (root only)."""
+    _need_sshd()
+    if os.geteuid() != 0:
+        pytest.skip("needs root (creates a unix user)")
+    try:
+        server = SSHD(tmp_path_factory.mktemp("sshd-nosudo"), user="vgpunosudo", create_user=True, sudo=False)
+    except HarnessUnavailable as e:
+        pytest.skip(str(e))
+    with server:
+        yield server
+
+
+@pytest.fixture()
+def fresh_sshd(tmp_path: Path):
+    """A throwaway sshd for tests that kill sessions or rotate keys."""
+    _need_sshd()
+    with SSHD(tmp_path / "sshd") as server:
+        yield server
+
+
+_LIB_SRC = r"""
+#include <stddef.h>
+__attribute__((used)) static const char marker[] = "%(marker)s";
+__attribute__((used)) static const unsigned char pad[%(pad)d] = {%(fill)d};
+int vgpu_test_version(void) { return %(version)d; }
+unsigned long vgpu_test_sum(void) { unsigned long s = 0; for (size_t i = 0; i < sizeof pad; i++) s += pad[i]; return s + (unsigned long)marker[0]; }
+"""
+
+
+def build_lib(out: Path, version: int, *, ours: bool = True, pad: int = 256 * 1024, cc: str = "gcc") -> Path:
+    """A real shared object: `ours` embeds `vgpu-patch-shim 0.<version>.0` like our shim does."""
+    if shutil.which(cc) is None:
+        pytest.skip(f"{cc} not found")
+    marker = f"vgpu-patch-shim 0.{version}.0" if ours else f"vendor-vgpu build {version}"
+    src = out.with_suffix(".c")
+    src.write_text(_LIB_SRC % {"marker": marker, "pad": pad, "fill": version % 250 + 1, "version": version})
+    subprocess.run([cc, "-shared", "-fPIC", "-O1", "-o", str(out), str(src)], check=True)
+    return out
+
+
+@pytest.fixture(scope="session")
+def libs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """vendor (not ours), v1 and v2 (ours), v3 (ours), all different bytes."""
+    d = tmp_path_factory.mktemp("libs")
+    return {
+        "vendor": build_lib(d / "vendor.so", 7, ours=False),
+        "v1": build_lib(d / "v1.so", 1),
+        "v2": build_lib(d / "v2.so", 2),
+        "v3": build_lib(d / "v3.so", 3),
+    }

@@ -1,0 +1,191 @@
+"""The protocol over real OpenSSH sshd on 127.0.0.1: root and sudo logins, host keys, broken links, ProxyJump."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from conftest import build_lib
+from helpers import assert_whole, leftovers, sha
+from sshd_harness import SSHD, known_hosts_file
+from tcpproxy import CuttingProxy
+from vgpu_patch.cli import cli
+from vgpu_patch.deploy.swap import deploy_file, node_status, rollback
+from vgpu_patch.deploy.targets import HostSpec, make_transport, parse_host
+from vgpu_patch.errors import AuthFailure, ConnectionFailure, HostKeyError
+from vgpu_patch.transport.ssh import SSHTransport
+
+
+def transport(server: SSHD, **kw) -> SSHTransport:
+    kw.setdefault("known_hosts", server.known_hosts)
+    return SSHTransport(server.host, port=server.port, user=server.user, key_filenames=[str(server.key_path)],
+                        allow_agent=False, **kw)
+
+
+def lib_dir(tmp_path: Path, lib: Path | None, name: str = "vgpu") -> Path:
+    d = tmp_path / name
+    d.mkdir(mode=0o755)
+    tmp_path.chmod(0o755)
+    if lib is not None:
+        shutil.copyfile(lib, d / "libvgpu.so")
+        (d / "libvgpu.so").chmod(0o644)
+    return d
+
+
+def test_root_login_deploy_status_rollback(sshd_root: SSHD, tmp_path: Path, libs) -> None:
+    d = lib_dir(tmp_path, libs["vendor"])
+    with transport(sshd_root) as t:
+        r = deploy_file(t, libs["v1"], str(d), operator="ssh-test")
+        assert r.changed and (d / "libvgpu.so").read_bytes() == libs["v1"].read_bytes()
+        assert not deploy_file(t, libs["v1"], str(d), operator="ssh-test").changed
+        st = node_status(t, str(d))
+        assert st.ours and st.sha256 == sha(libs["v1"]) and len(st.backups) == 1
+        rollback(t, str(d), operator="ssh-test")
+    assert (d / "libvgpu.so").read_bytes() == libs["vendor"].read_bytes()
+    assert leftovers(d) == []
+
+
+def test_sudo_user_with_requiretty(sshd_sudo: SSHD, tmp_path: Path, libs) -> None:
+    d = lib_dir(tmp_path, libs["vendor"])
+    d.chmod(0o755)  # root-owned: the login user cannot write here, only sudo can
+    with transport(sshd_sudo) as t:
+        assert t.run("id -u").stdout.strip() != "0"
+        assert t.run("id -u", sudo=True).stdout.strip() == "0"
+        r = deploy_file(t, libs["v2"], str(d), operator="sudo-test")
+        assert r.changed
+        st = node_status(t, str(d))
+        assert st.version == "0.2.0"
+        r = rollback(t, str(d), operator="sudo-test")
+        assert r.changed
+    assert (d / "libvgpu.so").read_bytes() == libs["vendor"].read_bytes()
+    assert (d / "libvgpu.so").stat().st_uid == 0
+    assert leftovers(d) == []
+
+
+def test_sudo_refused_is_auth_failure(sshd_nosudo: SSHD, tmp_path: Path, libs) -> None:
+    d = lib_dir(tmp_path, libs["vendor"])
+    with transport(sshd_nosudo) as t:
+        with pytest.raises(AuthFailure, match="sudo refused"):
+            deploy_file(t, libs["v1"], str(d), operator="x")
+    assert_whole(d / "libvgpu.so", libs["vendor"])
+
+
+def test_unknown_host_key_refused_then_accepted(sshd_root: SSHD, tmp_path: Path, libs) -> None:
+    d = lib_dir(tmp_path, libs["vendor"])
+    kh = tmp_path / "known_hosts"
+    with pytest.raises(HostKeyError) as e:
+        transport(sshd_root, known_hosts=kh).run("true")
+    msg = str(e.value)
+    assert sshd_root.host_key_fingerprint in msg and "--accept-new-host-keys" in msg and "\n" not in msg
+    assert not kh.exists()
+    with transport(sshd_root, known_hosts=kh, accept_new_host_keys=True) as t:
+        assert t.run("echo hi").stdout == "hi\n"
+    assert f"[127.0.0.1]:{sshd_root.port} ssh-ed25519" in kh.read_text()
+    with transport(sshd_root, known_hosts=kh) as t:  # now known: no flag needed
+        assert deploy_file(t, libs["v1"], str(d), operator="x").changed
+
+
+def test_changed_host_key_always_refused(fresh_sshd: SSHD, tmp_path: Path, libs) -> None:
+    d = lib_dir(tmp_path, libs["vendor"])
+    fresh_sshd.rotate_host_key()  # known_hosts keeps the old key
+    for accept in (False, True):
+        with pytest.raises(HostKeyError, match="CHANGED"):
+            transport(fresh_sshd, accept_new_host_keys=accept).run("true")
+    assert_whole(d / "libvgpu.so", libs["vendor"])
+
+
+def test_connection_cut_mid_upload_leaves_old_file(sshd_root: SSHD, tmp_path: Path, libs) -> None:
+    d = lib_dir(tmp_path, libs["vendor"])
+    big = build_lib(tmp_path / "big.so", 5, pad=4 * 1024 * 1024)
+    # the probe and handshake are a few KiB: the cut lands inside the 4 MiB upload
+    proxy = CuttingProxy(sshd_root.port, cut_after=1024 * 1024)
+    known = tmp_path / "kh"
+    known.write_text(sshd_root.host_key_line.replace(str(sshd_root.port), str(proxy.port), 1) + "\n")
+    try:
+        t = SSHTransport("127.0.0.1", port=proxy.port, user=sshd_root.user, key_filenames=[str(sshd_root.key_path)],
+                         known_hosts=known, allow_agent=False)
+        with pytest.raises(ConnectionFailure, match="connection lost"):
+            deploy_file(t, big, str(d), operator="x")
+        assert proxy.cut.is_set()
+        t.close()
+    finally:
+        proxy.stop()
+    assert_whole(d / "libvgpu.so", libs["vendor"])
+    assert leftovers(d) == []
+    with transport(sshd_root) as t:  # a rerun over a good link completes
+        assert deploy_file(t, big, str(d), operator="x").changed
+    assert_whole(d / "libvgpu.so", big)
+
+
+def test_sessions_killed_mid_upload(fresh_sshd: SSHD, tmp_path: Path, libs) -> None:
+    """sshd's per-connection process is SIGKILLed while the upload runs."""
+    d = lib_dir(tmp_path, libs["vendor"])
+    big = build_lib(tmp_path / "big.so", 6, pad=16 * 1024 * 1024)
+    from vgpu_patch.deploy import swap
+
+    real_put = SSHTransport.put
+    killed = []
+
+    def put_and_kill(self, local, remote):  # type: ignore[no-untyped-def]
+        import threading
+        import time
+
+        def killer() -> None:
+            time.sleep(0.05)
+            killed.append(fresh_sshd.kill_sessions())
+
+        threading.Thread(target=killer).start()
+        return real_put(self, local, remote)
+
+    t = transport(fresh_sshd)
+    SSHTransport.put = put_and_kill  # type: ignore[method-assign]
+    try:
+        with pytest.raises(ConnectionFailure):
+            swap.deploy_file(t, big, str(d), operator="x")
+    finally:
+        SSHTransport.put = real_put  # type: ignore[method-assign]
+        t.close()
+    assert killed and killed[0] >= 1
+    assert_whole(d / "libvgpu.so", libs["vendor"])
+    assert leftovers(d) == []
+
+
+def test_proxyjump_from_ssh_config(sshd_root: SSHD, fresh_sshd: SSHD, tmp_path: Path, libs) -> None:
+    d = lib_dir(tmp_path, libs["vendor"])
+    kh = known_hosts_file([sshd_root, fresh_sshd], tmp_path / "known_hosts")
+    cfg = tmp_path / "ssh_config"
+    cfg.write_text(
+        f"Host jumpbox\n  HostName 127.0.0.1\n  Port {sshd_root.port}\n  User {sshd_root.user}\n"
+        f"  IdentityFile {sshd_root.key_path}\n"
+        f"Host gpu-behind\n  HostName 127.0.0.1\n  Port {fresh_sshd.port}\n  User {fresh_sshd.user}\n"
+        f"  IdentityFile {fresh_sshd.key_path}\n  ProxyJump jumpbox\n"
+    )
+    accepted = lambda srv: srv.log_path.read_text().count("Accepted publickey")  # noqa: E731
+    jump_before, target_before = accepted(sshd_root), accepted(fresh_sshd)
+    res = CliRunner().invoke(
+        cli, ["deploy", "--no-check", "--host", "gpu-behind", "--ssh-config", str(cfg), "--known-hosts", str(kh),
+              "--target-dir", str(d), "--json", str(libs["v1"])],
+    )
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    assert doc["nodes"][0]["status"] == "changed" and doc["nodes"][0]["node"] == "gpu-behind"
+    assert (d / "libvgpu.so").read_bytes() == libs["v1"].read_bytes()
+    # one login on the jump host, one on the node behind it
+    assert accepted(sshd_root) == jump_before + 1 and accepted(fresh_sshd) == target_before + 1
+
+
+def test_make_transport_resolves_ssh_config(tmp_path: Path) -> None:
+    import paramiko
+
+    cfg = paramiko.SSHConfig.from_text("Host n1\n  HostName 10.1.2.3\n  Port 2222\n  User ops\n  IdentityFile ~/k\n")
+    t = make_transport(parse_host("n1"), config=cfg)
+    assert (t.hostname, t.port, t.user) == ("10.1.2.3", 2222, "ops")  # type: ignore[attr-defined]
+    assert t.key_filenames == [os.path.expanduser("~/k")]  # type: ignore[attr-defined]
+    t = make_transport(parse_host("admin@n1:22"), config=cfg)
+    assert (t.port, t.user) == (22, "admin")  # type: ignore[attr-defined]

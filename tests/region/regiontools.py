@@ -1,0 +1,50 @@
+"""Helpers for tests/region: run c_src/tests/region/region_tool as real processes."""
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+C_SRC = ROOT / "c_src"
+
+
+def run_tool(tool: Path, env: dict[str, str], *steps: str, **env_extra: str) -> subprocess.CompletedProcess:
+    """Run the tool to completion; fail the test on a non-zero exit."""
+    e = {**env, **env_extra}
+    cp = subprocess.run([str(tool), *steps], env=e, capture_output=True, text=True, timeout=60)
+    assert cp.returncode == 0, f"region_tool {steps} exited {cp.returncode}: {cp.stderr}"
+    return cp
+
+
+class Held:
+    """A region_tool process parked at a `wait` step until released (or killed)."""
+
+    def __init__(self, tool: Path, env: dict[str, str], *steps: str, **env_extra: str) -> None:
+        self.proc = subprocess.Popen(
+            [str(tool), *steps, "wait"], env={**env, **env_extra}, stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        self.lines: list[str] = []
+        while True:  # everything up to the wait step has run once "wait" is reached (line-buffered)
+            line = self.proc.stdout.readline()
+            if not line:
+                raise AssertionError(f"region_tool died early: {self.proc.stderr.read()}")
+            self.lines.append(line.strip())
+            if len(self.lines) == len([s for s in steps if _prints(s)]):
+                break
+
+    def release(self) -> str:
+        out, err = self.proc.communicate("\n", timeout=30)
+        return out
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+
+def _prints(step: str) -> bool:
+    return not step.startswith(("sleep:", "kill"))
+
+
+def lines(cp: subprocess.CompletedProcess) -> list[str]:
+    return cp.stdout.split("\n")[:-1]

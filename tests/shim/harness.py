@@ -1,0 +1,171 @@
+"""Run shim scenarios in child processes: limits are read once per process, so each scenario
+gets a fresh interpreter (or C program) with its own environment."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from dataclasses import dataclass
+from pathlib import Path
+
+from vgpu_patch.build import header_dir
+
+HEADERS = header_dir()
+
+# Just enough of cuda.h / nvml.h for the scenarios (layouts as in the CUDA 13 headers).
+CDEF = """
+typedef int CUresult;
+typedef int CUdevice;
+typedef unsigned long long CUdeviceptr;
+typedef unsigned long long CUmemGenericAllocationHandle;
+typedef void *CUcontext;
+typedef void *CUstream;
+typedef void *CUmemoryPool;
+typedef void *CUarray;
+typedef void *CUmipmappedArray;
+typedef struct { int type; int id; } CUmemLocation;
+typedef struct { int type; int requestedHandleTypes; CUmemLocation location; void *win32HandleMetaData;
+                 unsigned char compressionType; unsigned char gpuDirectRDMACapable; unsigned short usage;
+                 unsigned char reserved[4]; } CUmemAllocationProp;
+typedef struct { int allocType; int handleTypes; CUmemLocation location; void *win32SecurityAttributes;
+                 size_t maxSize; unsigned short usage; unsigned char reserved[64]; } CUmemPoolProps;
+typedef struct { size_t Width; size_t Height; int Format; unsigned int NumChannels; } CUDA_ARRAY_DESCRIPTOR;
+typedef struct { size_t Width; size_t Height; size_t Depth; int Format; unsigned int NumChannels;
+                 unsigned int Flags; } CUDA_ARRAY3D_DESCRIPTOR;
+typedef struct { unsigned long long total, free, used; } nvmlMemory_t;
+typedef struct { unsigned int version; unsigned long long total, reserved, free, used; } nvmlMemory_v2_t;
+typedef void *nvmlDevice_t;
+
+CUresult cuInit(unsigned int);
+CUresult cuDeviceGetCount(int *);
+CUresult cuDeviceGet(CUdevice *, int);
+CUresult cuDevicePrimaryCtxRetain(CUcontext *, CUdevice);
+CUresult cuCtxSetCurrent(CUcontext);
+CUresult cuCtxGetDevice(CUdevice *);
+CUresult cuCtxSynchronize(void);
+CUresult cuStreamCreate(CUstream *, unsigned int);
+CUresult cuMemAlloc_v2(CUdeviceptr *, size_t);
+CUresult cuMemFree_v2(CUdeviceptr);
+CUresult cuMemAllocPitch_v2(CUdeviceptr *, size_t *, size_t, size_t, unsigned int);
+CUresult cuMemAllocManaged(CUdeviceptr *, size_t, unsigned int);
+CUresult cuMemAllocAsync(CUdeviceptr *, size_t, CUstream);
+CUresult cuMemAllocFromPoolAsync(CUdeviceptr *, size_t, CUmemoryPool, CUstream);
+CUresult cuMemFreeAsync(CUdeviceptr, CUstream);
+CUresult cuMemCreate(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *, unsigned long long);
+CUresult cuMemRelease(CUmemGenericAllocationHandle);
+CUresult cuMemPoolCreate(CUmemoryPool *, const CUmemPoolProps *);
+CUresult cuMemPoolDestroy(CUmemoryPool);
+CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *, CUdevice);
+CUresult cuArrayCreate_v2(CUarray *, const CUDA_ARRAY_DESCRIPTOR *);
+CUresult cuArray3DCreate_v2(CUarray *, const CUDA_ARRAY3D_DESCRIPTOR *);
+CUresult cuArrayDestroy(CUarray);
+CUresult cuMipmappedArrayCreate(CUmipmappedArray *, const CUDA_ARRAY3D_DESCRIPTOR *, unsigned int);
+CUresult cuMipmappedArrayDestroy(CUmipmappedArray);
+CUresult cuMemGetInfo_v2(size_t *, size_t *);
+CUresult cuDeviceTotalMem_v2(size_t *, CUdevice);
+CUresult cuLaunchKernel(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream,
+                        void **, void **);
+CUresult cuGetProcAddress(const char *, void **, int, unsigned long long);
+CUresult cuGetProcAddress_v2(const char *, void **, int, unsigned long long, int *);
+int nvmlInit_v2(void);
+int nvmlDeviceGetHandleByIndex_v2(unsigned int, nvmlDevice_t *);
+int nvmlDeviceGetMemoryInfo(nvmlDevice_t, nvmlMemory_t *);
+int nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t, nvmlMemory_v2_t *);
+int nvml_preInit(void);
+unsigned long fake_calls(const char *);
+unsigned long long fake_used(int);
+void *dlsym(void *, const char *);
+"""
+
+PRELUDE = """
+import json, os, sys, threading
+import cffi
+ffi = cffi.FFI()
+ffi.cdef(CDEF)
+G = ffi.RTLD_NOW | ffi.RTLD_GLOBAL
+fake = ffi.dlopen(os.environ["T_FAKE_CUDA"], G)   # the shim's dlopen("libcuda.so.1") finds it by SONAME
+fakenvml = ffi.dlopen(os.environ["T_FAKE_NVML"], G)
+shim = ffi.dlopen(os.environ["T_SHIM"])
+MiB = 1 << 20
+SUCCESS, INVALID_VALUE, OOM, NOT_FOUND, INVALID_CONTEXT, INVALID_DEVICE = 0, 1, 2, 500, 201, 101
+
+def ctx_on(dev):
+    # make device dev's primary context current on this thread
+    c = ffi.new("CUcontext *")
+    assert shim.cuDevicePrimaryCtxRetain(c, dev) == 0
+    assert shim.cuCtxSetCurrent(c[0]) == 0
+    return c[0]
+
+def alloc(size):
+    p = ffi.new("CUdeviceptr *")
+    rc = shim.cuMemAlloc_v2(p, size)
+    return rc, p[0]
+
+def meminfo():
+    f, t = ffi.new("size_t *"), ffi.new("size_t *")
+    rc = shim.cuMemGetInfo_v2(f, t)
+    return rc, f[0], t[0]
+
+def emit(**kw):
+    print("RESULT " + json.dumps(kw), flush=True)
+"""
+
+
+@dataclass
+class Child:
+    rc: int
+    stdout: str
+    stderr: str
+
+    @property
+    def result(self) -> dict:
+        for line in reversed(self.stdout.splitlines()):
+            if line.startswith("RESULT "):
+                return json.loads(line[len("RESULT "):])
+        raise AssertionError(f"child printed no RESULT (rc={self.rc})\nstdout:\n{self.stdout}\nstderr:\n{self.stderr}")
+
+
+@dataclass
+class Env:
+    shim: Path
+    fake_dir: Path
+    tmp: Path
+
+    def base_env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items()
+               if not k.startswith(("CUDA_DEVICE_MEMORY_LIMIT", "CUDA_DEVICE_SM_LIMIT", "FAKE_CUDA_", "LD_PRELOAD"))}
+        env.update({
+            "T_SHIM": str(self.shim),
+            "T_FAKE_CUDA": str(self.fake_dir / "libcuda.so.1"),
+            "T_FAKE_NVML": str(self.fake_dir / "libnvidia-ml.so.1"),
+            # a private shared-region file per scenario (once budget.c is backed by the region)
+            "CUDA_DEVICE_MEMORY_SHARED_CACHE": str(self.tmp / f"cache-{os.urandom(6).hex()}"),
+        })
+        env.update(extra or {})
+        return env
+
+    def run_py(self, body: str, env: dict[str, str] | None = None, timeout: float = 60) -> Child:
+        code = f"CDEF = {CDEF!r}\n" + PRELUDE + "\n" + textwrap.dedent(body)
+        p = subprocess.run([sys.executable, "-c", code], env=self.base_env(env), capture_output=True, text=True,
+                           timeout=timeout)
+        return Child(p.returncode, p.stdout, p.stderr)
+
+    def compile_c(self, name: str, source: str, *extra: str) -> Path:
+        src = self.tmp / f"{name}.c"
+        out = self.tmp / name
+        src.write_text(textwrap.dedent(source))
+        p = subprocess.run(["gcc", "-O1", "-Wall", "-Werror", f"-I{HEADERS}", str(src), "-o", str(out), *extra,
+                            f"-Wl,-rpath-link,{self.fake_dir}", "-ldl", "-lpthread"], capture_output=True, text=True)
+        if p.returncode:
+            raise AssertionError(f"compiling {name} failed:\n{p.stderr}")
+        return out
+
+    def run_c(self, exe: Path, env: dict[str, str] | None = None, preload: bool = True, timeout: float = 60) -> Child:
+        e = self.base_env(env)
+        e["LD_LIBRARY_PATH"] = str(self.fake_dir) + (":" + e["LD_LIBRARY_PATH"] if e.get("LD_LIBRARY_PATH") else "")
+        if preload:
+            e["LD_PRELOAD"] = str(self.shim)
+        p = subprocess.run([str(exe)], env=e, capture_output=True, text=True, timeout=timeout)
+        return Child(p.returncode, p.stdout, p.stderr)

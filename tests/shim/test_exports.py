@@ -1,0 +1,39 @@
+"""The built shim exports exactly the vendor's [surface] (449 functions) and nothing else."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from elftools.elf.elffile import ELFFile
+
+from vgpu_patch.surface import exported_names, parse_hooks, reference_surface
+
+
+def dynamic_exports(path: Path) -> list[tuple[str, str]]:
+    with path.open("rb") as f:
+        elf = ELFFile(f)
+        dynsym = elf.get_section_by_name(".dynsym")
+        return [(s.name, s["st_info"]["type"]) for s in dynsym.iter_symbols()
+                if s.name and s["st_shndx"] != "SHN_UNDEF" and s["st_info"]["bind"] in ("STB_GLOBAL", "STB_WEAK")]
+
+
+def test_hooks_def_is_the_reference_surface() -> None:
+    surface = reference_surface().surface
+    assert len(surface) == 449
+    assert set(exported_names()) == surface
+    assert len(exported_names()) == len(set(exported_names()))
+    assert {h.kind for h in parse_hooks()} == {"PASS", "OWN", "STUB"}
+    assert {h.lib for h in parse_hooks()} == {"CUDA", "NVML", "LIBC"}
+
+
+def test_exported_set_equals_surface_exactly(shim_path: Path) -> None:
+    exports = dynamic_exports(shim_path)
+    names = [n for n, _ in exports]
+    assert len(names) == len(set(names))
+    assert set(names) == reference_surface().surface
+    assert {t for _, t in exports} == {"STT_FUNC"}, "no data objects may be exported"
+    assert not set(names) & reference_surface().internal
+
+
+def test_ident_string_embedded(shim_path: Path) -> None:
+    from vgpu_patch import __version__
+    assert f"vgpu-patch-shim {__version__}".encode() in shim_path.read_bytes()

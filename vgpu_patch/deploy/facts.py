@@ -1,0 +1,244 @@
+"""Read-only facts about a node, gathered in one privileged round trip (a probe script plus parsers).
+
+Nothing here changes the node. `gather()` returns NodeFacts; `choose_live()` applies the rule of
+docs/node-state.md (the single versioned `libvgpu.so.<v>`, else `libvgpu.so`; refuse ambiguity).
+"""
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import dataclass, field
+from typing import Callable
+
+from ..errors import DeployError
+from ..transport.base import Transport
+from .candidate import parse_glibc
+
+LIB = "libvgpu.so"
+STATE = ".vgpu-patch"
+# In containers HAMi mounts the chosen host file here, whatever its host name.
+CONTAINER_LIB = "/usr/local/vgpu/libvgpu.so"
+
+
+class AmbiguousLiveFile(DeployError):
+    """The node's library directory does not say which file is live; nothing was changed."""
+
+
+@dataclass
+class LibFile:
+    name: str
+    path: str  # node path
+    sha256: str = ""
+    size: int = 0
+    inode: int = 0
+    mode: str = "644"
+    uid: int = 0
+    gid: int = 0
+    link_to: str | None = None  # set for symlinks (no other field then)
+    ours_version: str | None = None
+
+
+@dataclass
+class MappedLib:
+    pid: int
+    inode: int
+    path: str
+    deleted: bool
+
+
+@dataclass
+class NodeFacts:
+    target_dir: str
+    arch: str = ""
+    glibc: tuple[int, int] | None = None
+    uid: int = -1
+    has_flock: bool = False
+    dir_exists: bool = False
+    free_bytes: int | None = None
+    files: list[LibFile] = field(default_factory=list)
+    preload: list[str] | None = None  # lines of <dir>/ld.so.preload, None when absent
+    backups: list[dict] = field(default_factory=list)  # manifests, each with "present": bool
+    history: list[dict] = field(default_factory=list)
+    mapped: list[MappedLib] = field(default_factory=list)
+
+    def file(self, name: str) -> LibFile | None:
+        return next((f for f in self.files if f.name == name), None)
+
+    def backup(self, sha256: str) -> dict | None:
+        return next((b for b in self.backups if b.get("sha256") == sha256 and b.get("present")), None)
+
+    def stale_pids(self, live: LibFile | None) -> list[int]:
+        """Processes mapping a deleted or older inode of the library: they need a restart."""
+        ino = live.inode if live else -1
+        return sorted({m.pid for m in self.mapped if m.deleted or m.inode != ino})
+
+
+# -- the probe ------------------------------------------------------------------------------------
+def _section(name: str) -> str:
+    return f"printf '\\n@@vgpu %s\\n' {name}"
+
+
+def probe_script(real_dir: str, *, history: int = 20, maps: bool = True) -> str:
+    d = shlex.quote(real_dir.rstrip("/") or "/")
+    parts = [
+        f"D={d}; S=\"$D/{STATE}\"",
+        _section("arch"), "uname -m",
+        _section("glibc"), "getconf GNU_LIBC_VERSION 2>/dev/null || ldd --version 2>&1 | head -n 1",
+        _section("uid"), "id -u",
+        _section("flock"), "command -v flock || true",
+        _section("dir"), "[ -d \"$D\" ] && echo yes",
+        _section("df"),
+        "p=\"$D\"; while [ ! -d \"$p\" ]; do p=$(dirname \"$p\"); done; df -Pk \"$p\" | tail -n 1",
+        _section("files"),
+        "for f in \"$D\"/" + LIB + " \"$D\"/" + LIB + ".*; do"
+        " n=${f##*/};"
+        " if [ -L \"$f\" ]; then printf 'L\\t%s\\t%s\\n' \"$n\" \"$(readlink \"$f\")\"; continue; fi;"
+        " [ -f \"$f\" ] || continue;"
+        " h=$(sha256sum < \"$f\" | cut -c1-64);"
+        " v=$(tr -c '[:print:]' '\\n' < \"$f\" | grep '^vgpu-patch-shim ' | head -n 1);"
+        " printf 'F\\t%s\\t%s\\t%s\\t%s\\n' \"$n\" \"$h\" \"$(stat -c '%s %i %a %u %g' \"$f\")\" \"$v\";"
+        " done",
+        _section("preload"), "[ -f \"$D/ld.so.preload\" ] && { echo present; cat \"$D/ld.so.preload\"; }",
+        _section("backups"),
+        "for j in \"$S\"/backups/*.json; do [ -f \"$j\" ] || continue; h=${j##*/}; h=${h%.json};"
+        " if [ -f \"$S/backups/$h.so\" ]; then printf 'yes\\t'; else printf 'no\\t'; fi;"
+        " tr -d '\\n' < \"$j\"; echo; done",
+        _section("history"), f"[ -f \"$S/history.jsonl\" ] && tail -n {int(history)} \"$S/history.jsonl\"",
+    ]
+    if maps:
+        parts += [_section("maps"), maps_snippet()]
+    parts.append("true")
+    return "\n".join(parts) + "\n"
+
+
+def maps_snippet() -> str:
+    """One grep over every process's maps for the library dir (and HAMi's in-container path)."""
+    return (
+        "grep -s -H -F -e \"$D/" + LIB + "\" -e " + shlex.quote(CONTAINER_LIB) + " /proc/[0-9]*/maps | sort -u || true"
+    )
+
+
+def _split_sections(text: str) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    cur: list[str] | None = None
+    for line in text.splitlines():
+        if line.startswith("@@vgpu "):
+            cur = out.setdefault(line[7:].strip(), [])
+        elif cur is not None and line.strip():
+            cur.append(line.rstrip("\r"))
+    return out
+
+
+def parse_files(lines: list[str], node_dir: str) -> list[LibFile]:
+    files = []
+    for line in lines:
+        kind, _, rest = line.partition("\t")
+        cols = rest.split("\t")
+        if kind == "L" and len(cols) >= 2:
+            files.append(LibFile(cols[0], f"{node_dir}/{cols[0]}", link_to=cols[1]))
+        elif kind == "F" and len(cols) >= 3:
+            size, inode, mode, uid, gid = cols[2].split()
+            ver = cols[3].split(" ", 1)[1] if len(cols) > 3 and " " in cols[3] else None
+            files.append(
+                LibFile(cols[0], f"{node_dir}/{cols[0]}", cols[1], int(size), int(inode), mode, int(uid), int(gid), None, ver)
+            )
+    return files
+
+
+def parse_maps(lines: list[str]) -> list[MappedLib]:
+    out = []
+    for line in lines:
+        head, _, rest = line.partition(":")
+        if not head.startswith("/proc/"):
+            continue
+        cols = rest.split(None, 5)
+        if len(cols) < 6:
+            continue
+        path = cols[5]
+        deleted = path.endswith(" (deleted)")
+        out.append(MappedLib(int(head.split("/")[2]), int(cols[4]), path.replace(" (deleted)", ""), deleted))
+    return out
+
+
+def _json_lines(lines: list[str]) -> list[dict]:
+    out = []
+    for line in lines:
+        try:
+            doc = json.loads(line)
+        except ValueError:
+            continue  # a torn or foreign line must not hide the rest of the history
+        if isinstance(doc, dict):
+            out.append(doc)
+    return out
+
+
+def parse(text: str, node_dir: str) -> NodeFacts:
+    sec = _split_sections(text)
+    one: Callable[[str], str] = lambda k: (sec.get(k) or [""])[0].strip()
+    facts = NodeFacts(target_dir=node_dir)
+    facts.arch = one("arch")
+    facts.glibc = parse_glibc(one("glibc"))
+    facts.uid = int(one("uid") or -1)
+    facts.has_flock = bool(one("flock"))
+    facts.dir_exists = one("dir") == "yes"
+    df = one("df").split()
+    facts.free_bytes = int(df[3]) * 1024 if len(df) >= 4 and df[3].isdigit() else None
+    facts.files = parse_files(sec.get("files", []), node_dir)
+    pre = sec.get("preload")
+    facts.preload = pre[1:] if pre and pre[0] == "present" else None
+    for line in sec.get("backups", []):
+        present, _, doc = line.partition("\t")
+        for b in _json_lines([doc]):
+            b["present"] = present == "yes"
+            facts.backups.append(b)
+    facts.backups.sort(key=lambda b: str(b.get("saved_at", "")))
+    facts.history = _json_lines(sec.get("history", []))
+    facts.mapped = parse_maps(sec.get("maps", []))
+    return facts
+
+
+def gather(t: Transport, target_dir: str, *, history: int = 20, maps: bool = True) -> NodeFacts:
+    """Run the probe as root (it reads every process's maps) and parse it."""
+    node_dir = target_dir.rstrip("/") or "/"
+    res = t.run(probe_script(t.path(node_dir), history=history, maps=maps), sudo=True, timeout=120)
+    facts = parse(res.stdout, node_dir)
+    if not facts.arch:
+        raise DeployError(f"{t.name}: the node probe printed nothing usable; is /bin/sh a POSIX shell?")
+    if maps:  # map the fake root back: maps show real paths
+        real = t.path(node_dir)
+        for m in facts.mapped:
+            if m.path.startswith(real + "/"):
+                m.path = node_dir + m.path[len(real):]
+    return facts
+
+
+# -- the rule for the live file ---------------------------------------------------------------------
+def choose_live(facts: NodeFacts, node: str) -> LibFile | None:
+    """The file HAMi really uses, None when the directory holds none; AmbiguousLiveFile otherwise."""
+    where = f"{node}:{facts.target_dir}"
+    versioned = [f for f in facts.files if f.name.startswith(LIB + ".")]
+    if len(versioned) > 1:
+        names = ", ".join(f.name for f in versioned)
+        raise AmbiguousLiveFile(
+            f"{where}: several versioned libraries ({names}); HAMi's choice is unclear: remove the stale ones, then rerun"
+        )
+    live = versioned[0] if versioned else facts.file(LIB)
+    if live is not None and live.link_to is not None:
+        raise AmbiguousLiveFile(
+            f"{where}: {live.name} is a symlink to {live.link_to}; replace the file it points at "
+            f"(its directory as --target-dir) or make {live.name} a regular file"
+        )
+    if facts.preload is not None:
+        allowed = {LIB} | ({live.name} if live else set())
+        for line in facts.preload:
+            entry = line.strip()
+            if not entry or entry.startswith("#"):
+                continue
+            for word in entry.replace(":", " ").split():
+                base = word.rsplit("/", 1)[-1]
+                if base.startswith("libvgpu") and base not in allowed:
+                    raise AmbiguousLiveFile(
+                        f"{where}: ld.so.preload names {word} but the live file is "
+                        f"{live.name if live else 'missing'}; fix ld.so.preload (or the plugin), then rerun"
+                    )
+    return live

@@ -1,0 +1,71 @@
+"""Human output: summary tables (rich; colours only on a terminal) for fleet results and status."""
+from __future__ import annotations
+
+import sys
+
+from rich.console import Console
+from rich.table import Table
+
+from .fleet import FleetResult
+
+_STYLE = {"changed": "green", "unchanged": "cyan", "ok": "green", "pending": "yellow", "failed": "bold red",
+          "skipped": "dim"}
+
+
+def _console(err: bool = False) -> Console:
+    stream = sys.stderr if err else sys.stdout
+    return Console(file=stream, highlight=False, soft_wrap=True, width=None if stream.isatty() else 200)
+
+
+def _short(sha: str | None) -> str:
+    return sha[:12] if sha else "-"
+
+
+def swap_table(fleet: FleetResult, title: str) -> None:
+    table = Table(title=title, title_justify="left")
+    for col in ("node", "result", "from", "to", "restart needed", "s", "detail"):
+        table.add_column(col, overflow="fold")
+    for o in fleet.outcomes:
+        r = o.result
+        stale = len(getattr(r, "stale_pids", []) or [])
+        detail = o.error or ""
+        if r is not None and not detail:
+            plan = getattr(r, "plan", [])
+            if o.status == "pending":
+                detail = "; ".join(s.text for s in plan)
+            elif plan and plan[0].kind == "noop":
+                detail = plan[0].text
+            elif getattr(r, "path", None):
+                detail = r.path  # type: ignore[union-attr]
+        table.add_row(
+            o.node,
+            f"[{_STYLE.get(o.status, '')}]{o.status}[/]",
+            _short(getattr(r, "from_sha256", None)),
+            _short(getattr(r, "to_sha256", None)),
+            f"{stale} process(es)" if stale else "-",
+            f"{o.seconds:.2f}",
+            detail,
+        )
+    _console().print(table)
+    counts = fleet.to_dict()["counts"]
+    _console().print(", ".join(f"{k}: {v}" for k, v in sorted(counts.items())))
+
+
+def status_table(fleet: FleetResult) -> None:
+    table = Table(title="vgpu-patch status", title_justify="left")
+    for col in ("node", "live file", "sha256", "build", "backups", "last change", "restart needed", "note"):
+        table.add_column(col, overflow="fold")
+    for o in fleet.outcomes:
+        s = o.result
+        if s is None:
+            table.add_row(o.node, "-", "-", "-", "-", "-", "-", f"[bold red]{o.error}[/]")
+            continue
+        last = s.history[-1] if s.history else None  # type: ignore[union-attr]
+        last_txt = f"{last.get('action')} {last.get('time')} by {last.get('operator')}" if last else "-"
+        build = f"ours {s.version}" if s.ours else ("vendor" if s.sha256 else "-")  # type: ignore[union-attr]
+        stale = len(s.stale_pids)  # type: ignore[union-attr]
+        table.add_row(
+            o.node, s.path or "-", _short(s.sha256), build, str(len(s.backups)), last_txt,  # type: ignore[union-attr]
+            f"[yellow]{stale} process(es)[/]" if stale else "0", s.problem or "",  # type: ignore[union-attr]
+        )
+    _console().print(table)

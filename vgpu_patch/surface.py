@@ -1,0 +1,65 @@
+"""The interposition surface: what our shim exports (c_src/interpose/hooks.def) and what the vendor's does.
+
+One home for both lists. `hooks.def` is the single table the C build expands (X-macro) into the
+real-pointer table, the generated pass-through trampolines and the export version script; this module
+parses the same file so Python (build, check, tests) never keeps a second copy.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+HOOKS_DEF = REPO_ROOT / "c_src" / "interpose" / "hooks.def"
+
+# HOOK(name, lib, kind[, more fields appended later])
+_HOOK_RE = re.compile(r"^\s*HOOK\(\s*(\w+)\s*,\s*(\w+)\s*,\s*(\w+)\s*(?:,[^)]*)?\)")
+
+
+@dataclass(frozen=True)
+class Hook:
+    name: str
+    lib: str  # CUDA | NVML | LIBC: where the real symbol is resolved
+    kind: str  # PASS (generated trampoline) | OWN (C wrapper) | STUB (vendor-compat no-op)
+
+
+def parse_hooks(path: Path = HOOKS_DEF) -> list[Hook]:
+    """Every HOOK(...) line of hooks.def, in file order."""
+    hooks = []
+    for line in path.read_text().splitlines():
+        m = _HOOK_RE.match(line)
+        if m:
+            hooks.append(Hook(*m.groups()))
+    return hooks
+
+
+def exported_names(path: Path = HOOKS_DEF) -> list[str]:
+    """The names our shim must export, sorted."""
+    return sorted(h.name for h in parse_hooks(path))
+
+
+@dataclass(frozen=True)
+class ReferenceSurface:
+    surface: frozenset[str]  # entry points applications reach through the preload
+    internal: frozenset[str]  # helpers the vendor build leaks; a replacement must not export them
+
+
+@lru_cache(maxsize=1)
+def reference_surface() -> ReferenceSurface:
+    """The vendor build's exports, from the bundled data/vendor-exports.txt."""
+    text = resources.files("vgpu_patch").joinpath("data/vendor-exports.txt").read_text()
+    sections: dict[str, set[str]] = {"surface": set(), "internal": set()}
+    current = None
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        if line.startswith("[") and line.endswith("]"):
+            current = line[1:-1]
+            continue
+        if current in sections:
+            sections[current].add(line)
+    return ReferenceSurface(frozenset(sections["surface"]), frozenset(sections["internal"]))

@@ -1,0 +1,94 @@
+"""The transport interface every deploy operation is written against (local and SSH alike).
+
+A node needs only POSIX sh and coreutils: every operation is a shell script run through `run`.
+Privileged steps use `sudo=True`: the transport runs them as root (directly when already root,
+else `sudo -n sh -c`), and a refused sudo raises `AuthFailure`, never a plain command failure.
+"""
+from __future__ import annotations
+
+import shlex
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import AuthFailure, DeployError
+
+# Printed by the privileged shell as its first act: its absence means sudo itself refused.
+SUDO_MARKER = "__vgpu_patch_sudo_ok__"
+SUDO_PROMPT = "[vgpu-patch sudo] password: "
+
+
+@dataclass
+class Result:
+    ok: bool
+    exited: int
+    stdout: str
+    stderr: str
+    command: str = ""
+
+
+def first_line(text: str, limit: int = 200) -> str:
+    """The first non-empty line of `text`, shortened: error messages stay on one line."""
+    for line in text.splitlines():
+        line = line.strip()
+        if line:
+            return line[:limit]
+    return ""
+
+
+def sudo_wrap(cmd: str) -> str:
+    """`cmd` run by root through `sudo -n sh -c`, printing SUDO_MARKER first on stdout."""
+    inner = f"printf '%s\\n' {SUDO_MARKER}; {cmd}"
+    return f"sudo -n -p {shlex.quote(SUDO_PROMPT)} sh -c {shlex.quote(inner)}"
+
+
+def sudo_unwrap(node: str, result: Result) -> Result:
+    """Strip the sudo marker; without it, sudo refused: raise AuthFailure with sudo's own words."""
+    out = result.stdout
+    idx = out.find(SUDO_MARKER)
+    if idx < 0:
+        why = first_line(result.stderr) or first_line(out) or f"exit {result.exited}"
+        raise AuthFailure(
+            f"{node}: sudo refused ({why}); allow this user passwordless sudo for /bin/sh or log in as root"
+        )
+    before, after = out[:idx], out[idx + len(SUDO_MARKER) :]
+    result.stdout = before + after.lstrip("\r\n") if before.strip() else after.lstrip("\r\n")
+    return result
+
+
+class Transport(ABC):
+    """Commands and files on one node. Paths given to it are node paths."""
+
+    #: how the node is named in messages and results
+    name: str = "node"
+
+    @abstractmethod
+    def run(self, cmd: str, *, sudo: bool = False, warn: bool = False, timeout: float | None = None) -> Result:
+        """Run `cmd` with sh; raise DeployError on a non-zero exit unless `warn` (then return the failed Result)."""
+
+    @abstractmethod
+    def put(self, local_path: Path | str, remote_path: str) -> None:
+        """Copy a local file to a new node path (created exclusively: an existing file is an error)."""
+
+    @abstractmethod
+    def get(self, remote_path: str, local_path: Path | str) -> None:
+        """Copy a node file to a local path."""
+
+    def close(self) -> None:
+        """Release connections; the transport may be used again (it reconnects)."""
+
+    def path(self, node_path: str) -> str:
+        """Where a node path really lives for commands run by this transport (a fake root maps it)."""
+        return node_path
+
+    def __enter__(self) -> "Transport":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _check(self, result: Result, warn: bool) -> Result:
+        if not result.ok and not warn:
+            why = first_line(result.stderr) or first_line(result.stdout)
+            raise DeployError(f"{self.name}: command failed with exit {result.exited}: {why}")
+        return result
