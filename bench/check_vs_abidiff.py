@@ -6,7 +6,7 @@ Usage: python3 bench/check_vs_abidiff.py [--runs 20] [--keep DIR]
 1. Builds a ~1 MB shim-shaped library (the 449 surface functions plus thousands of hidden helpers,
    unstripped) and times `check_file` in-process (median of --runs; target <= 0.1 s) and the CLI in a
    fresh process (interpreter start and imports included).
-2. Builds the one-defect fixtures of tests/check/libs.py and runs both tools on each (good, variant)
+2. Builds the one-defect fixtures of tests/check/elfcheck_fixtures.py and runs both tools on each (good, variant)
    pair: check with --vendor good, abidiff good variant (Debian's abigail-tools; skipped if missing).
    Prints which problems each tool reports.
 """
@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests" / "check"))
 
-import libs  # noqa: E402
+import elfcheck_fixtures as libs  # noqa: E402
 from vgpu_patch.elfcheck import check_file  # noqa: E402
 
 TARGET_S = 0.1

@@ -16,6 +16,7 @@ stable; add to it, never rename.
         node.host_key_fingerprint                   # "SHA256:..." as ssh-keygen prints it
         node.rotate_host_key()                      # restart on the same port with a new host key
         node.kill_sessions()                        # SIGKILL every live connection (the listener stays)
+        node.kill_sessions(children=False)          # only the sshd processes: the remote commands run on
         node.stop()
 
     SSHD(dir, user="vgpudeploy", create_user=True, sudo=True, requiretty=True)
@@ -120,6 +121,13 @@ def _write_sudoers(user: str, requiretty: bool) -> Path:
 
 def _remove_sudoers(user: str) -> None:
     Path(f"/etc/sudoers.d/vgpu-patch-test-{user}").unlink(missing_ok=True)
+
+
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
 
 
 class SSHD:
@@ -300,9 +308,14 @@ class SSHD:
             todo.extend(children.get(pid, []))
         return out
 
-    def kill_sessions(self) -> int:
-        """SIGKILL every live connection's processes; the listener keeps running. Returns how many."""
+    def kill_sessions(self, children: bool = True) -> int:
+        """SIGKILL every live connection; the listener keeps running. Returns how many processes.
+
+        children=False kills only the sshd processes, leaving the commands they ran orphaned (as when
+        the network drops but the node's shell carries on)."""
         pids = self.session_pids()
+        if not children:
+            pids = [p for p in pids if _comm(p) in ("sshd", "sshd-session")]
         for pid in pids:
             try:
                 os.kill(pid, signal.SIGKILL)

@@ -95,6 +95,9 @@ def _first_error(stderr: str) -> str:
     return lines[0] if lines else "no output"
 
 
+_SCRIPT_ENV = ("SOURCE_DATE_EPOCH", "LC_ALL", "TZ", "ZIG_GLOBAL_CACHE_DIR", "ZIG_LOCAL_CACHE_DIR")
+
+
 def _run(argv: list[str], *, cwd: Path, env: dict[str, str], what: str, log_dir: Path) -> None:
     try:
         p = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S)
@@ -107,16 +110,27 @@ def _run(argv: list[str], *, cwd: Path, env: dict[str, str], what: str, log_dir:
         return
     safe = re.sub(r"[^A-Za-z0-9_.-]", "_", what)
     cmd_file = log_dir / f"failed-{safe}.sh"
-    cmd_file.write_text(f"#!/bin/sh\n# {what}: exit {rc}\ncd {shlex.quote(str(cwd))}\n{shlex.join(argv)}\n")
+    exports = "".join(
+        f"export {k}={shlex.quote(v)}\n" for k, v in sorted(env.items()) if k in _SCRIPT_ENV and v != os.environ.get(k)
+    )
+    cmd_file.write_text(f"#!/bin/sh\n# {what}: exit {rc}\n{exports}cd {shlex.quote(str(cwd))}\n{shlex.join(argv)}\n")
     (log_dir / f"failed-{safe}.log").write_text(err)
     raise BuildError(f"{what} failed: {_first_error(err)} (command: {cmd_file})")
+
+
+def _snapshot(src_dir: Path, dest: Path) -> Path:
+    """Copy every build-relevant file of src_dir (manifest.source_files) to dest."""
+    for rel in manifest.source_files(src_dir):
+        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(src_dir / rel, dest / rel)
+    return dest
 
 
 def _normalize(flags: list[str], subs: dict[str, str]) -> list[str]:
     """Flags with absolute paths replaced by $SRC/$CUDA_INCLUDE/$BUILD, for the manifest."""
     out = []
     for f in flags:
-        for path, token in subs.items():
+        for path, token in sorted(subs.items(), key=lambda kv: -len(kv[0])):  # longest path first
             f = f.replace(path, token)
         out.append(f)
     return out
@@ -165,22 +179,29 @@ def build_shim(
     hooks_def = src_dir / "interpose" / "hooks.def"
     if not hooks_def.is_file():
         raise BuildError(f"{hooks_def} not found: the shim sources are incomplete (need interpose/hooks.def)")
-    sources = list_sources(src_dir)
-    if not sources:
+    if not list_sources(src_dir):
         raise BuildError(f"no .c or .S files under {src_dir} (tests/ excluded): nothing to build")
     tc = toolchain.resolve(compiler, arch, glibc)
     hdirs = [Path(d).resolve() for d in header_dirs] if header_dirs else headers.find_header_dirs()
-    names = exported_names(hooks_def)
     out_dir = Path(out_dir)
 
     build_dir = Path(tempfile.mkdtemp(prefix="vgpu-build-"))
     ok = False
     try:
-        subs = {str(build_dir): "$BUILD", str(src_dir): "$SRC"}
+        # compile a snapshot: the manifest's hashes then describe exactly what was compiled, even
+        # while someone edits c_src, and the snapshot's path is mapped away like any other
+        orig_src, src_dir = src_dir, _snapshot(src_dir, build_dir / "src")
+        hooks_def = src_dir / "interpose" / "hooks.def"
+        names = exported_names(hooks_def)
+        src_sha = manifest.source_hash(src_dir)
+        hooks_sha = manifest.sha256_file(hooks_def)
+        sources = list_sources(src_dir)
+        subs = {str(build_dir): "$BUILD", str(src_dir): "$SRC", str(orig_src): "$SRC"}
         subs.update({str(d): "$CUDA_INCLUDE" if i == 0 else f"$CUDA_INCLUDE{i}" for i, d in enumerate(hdirs)})
         prefix_maps = [f"-ffile-prefix-map={src_dir}=."]
         prefix_maps += [f"-ffile-prefix-map={d}=/cuda-include{i or ''}" for i, d in enumerate(hdirs)]
-        prefix_maps += [f"-ffile-prefix-map={build_dir}=/build"]
+        # no map for build_dir itself: it holds the snapshot and overlapping maps resolve differently
+        # in gcc (last wins) and clang; only the snapshot's and objects' paths live there.
         prefix_maps += [f"-ffile-prefix-map={path}={token}" for path, token in tc.path_maps]
         subs.update({path: f"${token.strip('/').upper().replace('-', '_')}" for path, token in tc.path_maps})
         # c_src/vgpu.h: VGPU_VERSION (#ifndef-guarded) goes into the `vgpu-patch-shim <v>` ident string
@@ -240,8 +261,8 @@ def build_shim(
             "defines": [d[2:] for d in defines],
             "flags": {"cflags": _normalize(cflags, subs), "ldflags": _normalize(ldflags, subs)},
             "sources": [p.as_posix() for p in sources],
-            "source_sha256": manifest.source_hash(src_dir),
-            "hooks_def_sha256": manifest.sha256_file(hooks_def),
+            "source_sha256": src_sha,
+            "hooks_def_sha256": hooks_sha,
             "exports": len(names),
             "headers": {"cuda_version": _cuda_version(hdirs), "sha256": _headers_sha256(hdirs)},
             "tool": f"vgpu-patch {__version__}",

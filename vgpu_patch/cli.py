@@ -13,7 +13,7 @@ import click
 from . import __version__
 from .errors import EXIT_FAILED, VgpuPatchError
 
-COMMANDS = ["build", "check", "deploy", "status", "rollback", "region", "agent", "daemonset"]
+COMMANDS = ["build", "check", "deploy", "status", "rollback", "region", "agent", "daemonset", "demo"]
 
 EPILOG = """\b
 Exit codes: 0 ok; 1 failed (or --dry-run with changes pending); 2 usage error;
@@ -51,7 +51,9 @@ def cli() -> None:
 
 def main() -> None:
     try:
-        cli.main(standalone_mode=False)
+        # Not standalone, so our errors reach the handlers below; then click returns a command's
+        # ctx.exit(n) code instead of exiting, and we must pass it on.
+        rv = cli.main(standalone_mode=False)
     except click.exceptions.Abort:
         click.echo("Aborted.", err=True)
         sys.exit(EXIT_FAILED)
@@ -63,6 +65,7 @@ def main() -> None:
         sys.exit(e.exit_code)
     except click.exceptions.Exit as e:
         sys.exit(e.exit_code)
+    sys.exit(rv if isinstance(rv, int) else 0)
 
 
 if __name__ == "__main__":

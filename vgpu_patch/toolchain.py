@@ -80,12 +80,13 @@ class Toolchain:
     target_args: list[str] = field(default_factory=list)
     # (directory, stand-in) pairs for -ffile-prefix-map: install paths must not reach debug info
     path_maps: list[tuple[str, str]] = field(default_factory=list)
+    triple: str = ""  # gcc's -dumpmachine (zig's target is in target_args)
 
     @property
     def target(self) -> str:
         if self.kind == "zig":
             return self.target_args[1]
-        return f"{self.arch}-linux-gnu"
+        return self.triple or f"{self.arch}-linux-gnu"
 
     @property
     def name(self) -> str:
@@ -147,7 +148,7 @@ def _gcc_like(path: str, arch: str, glibc: str | None) -> Toolchain:
             f"compiler {path} targets {machine}, not {arch}: use `--compiler zig` (pip install ziglang) "
             f"or a {arch} cross compiler"
         )
-    return Toolchain("gcc", [path], version, arch, glibc)
+    return Toolchain("gcc", [path], version, arch, glibc, triple=machine)
 
 
 def resolve(compiler: str | None, arch: str | None, glibc: str | None) -> Toolchain:

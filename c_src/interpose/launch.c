@@ -1,13 +1,19 @@
-/* Kernel and graph launches: the only work added is one predictable branch for the SM limiter. */
+/* Kernel and graph launches: the only work added is one predictable branch (before and after the
+ * real call) for the SM limiter, which brackets the launch with events to measure its GPU time. */
 #include <cuda.h>
 
 #include "interpose/real.h"
 #include "limiter/limiter.h"
 
-#define BEFORE_LAUNCH(stream) \
+#define LIMITED_LAUNCH(stream, call) \
     do { \
+        CUresult rc_; \
         if (__builtin_expect(vgpu_limiter_enabled, 0)) \
             vgpu_limiter_before_launch(stream); \
+        rc_ = (call); \
+        if (__builtin_expect(vgpu_limiter_enabled, 0)) \
+            vgpu_limiter_after_launch(stream); \
+        return rc_; \
     } while (0)
 
 #define LAUNCH_KERNEL_PARAMS \
@@ -18,23 +24,20 @@
 VGPU_EXPORT CUresult cuLaunchKernel(LAUNCH_KERNEL_PARAMS)
 {
     __typeof__(&cuLaunchKernel) real = REAL(cuLaunchKernel);
-    BEFORE_LAUNCH(s);
-    return real(LAUNCH_KERNEL_ARGS);
+    LIMITED_LAUNCH(s, real(LAUNCH_KERNEL_ARGS));
 }
 VGPU_OWN_ALIAS(cuLaunchKernel)
 
 VGPU_HIDDEN CUresult vgpu_own_cuLaunchKernel_ptsz(LAUNCH_KERNEL_PARAMS)
 {
     __typeof__(&cuLaunchKernel) real = vgpu_var_fn(VGPU_VAR_cuLaunchKernel_ptsz);
-    BEFORE_LAUNCH(s);
-    return real(LAUNCH_KERNEL_ARGS);
+    LIMITED_LAUNCH(s, real(LAUNCH_KERNEL_ARGS));
 }
 
 VGPU_EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f, void **params, void **extra)
 {
     __typeof__(&cuLaunchKernelEx) real = REAL(cuLaunchKernelEx);
-    BEFORE_LAUNCH(config ? config->hStream : (CUstream)0);
-    return real(config, f, params, extra);
+    LIMITED_LAUNCH(config ? config->hStream : (CUstream)0, real(config, f, params, extra));
 }
 VGPU_OWN_ALIAS(cuLaunchKernelEx)
 
@@ -42,8 +45,7 @@ VGPU_HIDDEN CUresult vgpu_own_cuLaunchKernelEx_ptsz(const CUlaunchConfig *config
                                                     void **extra)
 {
     __typeof__(&cuLaunchKernelEx) real = vgpu_var_fn(VGPU_VAR_cuLaunchKernelEx_ptsz);
-    BEFORE_LAUNCH(config ? config->hStream : (CUstream)0);
-    return real(config, f, params, extra);
+    LIMITED_LAUNCH(config ? config->hStream : (CUstream)0, real(config, f, params, extra));
 }
 
 #define COOP_PARAMS \
@@ -54,29 +56,25 @@ VGPU_HIDDEN CUresult vgpu_own_cuLaunchKernelEx_ptsz(const CUlaunchConfig *config
 VGPU_EXPORT CUresult cuLaunchCooperativeKernel(COOP_PARAMS)
 {
     __typeof__(&cuLaunchCooperativeKernel) real = REAL(cuLaunchCooperativeKernel);
-    BEFORE_LAUNCH(s);
-    return real(COOP_ARGS);
+    LIMITED_LAUNCH(s, real(COOP_ARGS));
 }
 VGPU_OWN_ALIAS(cuLaunchCooperativeKernel)
 
 VGPU_HIDDEN CUresult vgpu_own_cuLaunchCooperativeKernel_ptsz(COOP_PARAMS)
 {
     __typeof__(&cuLaunchCooperativeKernel) real = vgpu_var_fn(VGPU_VAR_cuLaunchCooperativeKernel_ptsz);
-    BEFORE_LAUNCH(s);
-    return real(COOP_ARGS);
+    LIMITED_LAUNCH(s, real(COOP_ARGS));
 }
 
 VGPU_EXPORT CUresult cuGraphLaunch(CUgraphExec g, CUstream s)
 {
     __typeof__(&cuGraphLaunch) real = REAL(cuGraphLaunch);
-    BEFORE_LAUNCH(s);
-    return real(g, s);
+    LIMITED_LAUNCH(s, real(g, s));
 }
 VGPU_OWN_ALIAS(cuGraphLaunch)
 
 VGPU_HIDDEN CUresult vgpu_own_cuGraphLaunch_ptsz(CUgraphExec g, CUstream s)
 {
     __typeof__(&cuGraphLaunch) real = vgpu_var_fn(VGPU_VAR_cuGraphLaunch_ptsz);
-    BEFORE_LAUNCH(s);
-    return real(g, s);
+    LIMITED_LAUNCH(s, real(g, s));
 }

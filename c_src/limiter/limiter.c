@@ -4,28 +4,26 @@
  * and the launch wrappers only test it. With a limit, every kernel, cooperative, Ex and graph
  * launch passes through vgpu_limiter_before_launch():
  *
- * 1. Measure. An event is recorded on the launch's stream before each launch; the GPU time
- *    between consecutive events is the time the previous launch occupied the stream. When the
- *    previous event had not completed yet at record time, the stream had queued work, so the
- *    next event fires exactly when that launch ends: the segment is exact. Otherwise the stream
- *    may have gone idle (the app was computing on the CPU, or synchronised), so the segment is
- *    capped at AMBIGUOUS_CAP_NS and an idle gap is not charged as GPU time.
+ * 1. Measure. Two events bracket each launch on its stream (before_launch / after_launch);
+ *    their elapsed GPU time is what that launch occupied the stream: its start is when the work
+ *    queued before it finished (or when it was launched, on an idle stream), its end when it
+ *    finished. CPU time between launches and idle gaps are never charged.
  * 2. Budget. A token bucket per device fills at pct% of wall time (capped at BURST_NS) and is
- *    drained by the measured segments, harvested at most every HARVEST_NS.
+ *    drained by the measured launches, harvested at most every HARVEST_NS.
  * 3. Throttle. In debt, the launching thread sleeps until the bucket is back at zero, holding
- *    the device's lock so that other launching threads wait too (the debt is paid once). The
- *    ring of RING events bounds how far the CPU may run ahead of the GPU.
+ *    the device's launch lock so that other launching threads wait too (the debt is paid once). The
+ *    ring of RING event pairs bounds how far the CPU may run ahead of the GPU.
  *
- * Over any few hundred milliseconds the process gets pct% of the device's time: a compute-bound
- * loop runs at pct% of its unthrottled throughput (bench/region_sm_limit.py, tests/gpu). Known
- * limit: a synchronised loop of kernels longer than AMBIGUOUS_CAP_NS is under-charged.
+ * Over any few hundred milliseconds the process gets pct% of the device's time, so a
+ * compute-bound loop runs at pct% of its unthrottled throughput (tests/region/test_limiter.py
+ * over a simulated GPU, tests/gpu/test_region_gpu.py on a real one). Launches on concurrent
+ * streams are each charged in full (conservative).
  *
  * Policy: GPU_CORE_UTILIZATION_POLICY=force always throttles, =disable never; otherwise we follow
  * the monitor's utilization_switch in the region (it lifts throttling when the GPU is not
  * contended). The region's sm_limit wins over this process's env (region.c warns on a mismatch).
  * While throttling we stamp recent_kernel/last_kernel_time for the monitor's priority logic. */
 #include <pthread.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -37,21 +35,25 @@
 #include "region/region.h"
 
 #define RING 64
-#define HARVEST_NS 2000000ll        /* 2 ms between harvests */
-#define BURST_NS 20000000ll         /* at most 20 ms of GPU time banked */
-#define AMBIGUOUS_CAP_NS 50000000ll /* 50 ms: longest segment charged when the stream may have idled */
-#define MAX_SLEEP_NS 500000000ll    /* one sleep never exceeds 0.5 s (the debt carries over) */
-#define RECENT_KERNEL_MARK 2        /* "launched recently", decayed by the monitor */
+#define HARVEST_NS 2000000ll     /* 2 ms between harvests */
+#define BURST_NS 20000000ll      /* at most 20 ms of GPU time banked */
+#define MAX_SLEEP_NS 500000000ll /* one sleep never exceeds 0.5 s (the debt carries over) */
+#define RECENT_KERNEL_MARK 2     /* "launched recently", decayed by the monitor */
 
 VGPU_HIDDEN int vgpu_limiter_enabled = 0;
 
+struct pair {
+    CUevent start, end;
+    int done; /* end recorded: the pair can be harvested once `end` completes */
+};
+
 struct dev_state {
-    pthread_mutex_t mu;
+    pthread_mutex_t throttle_mu; /* launching threads of this device, one at a time */
+    pthread_mutex_t mu;          /* the ring and the bucket */
     CUcontext ctx; /* the context our events belong to */
-    CUevent ev[RING];
-    unsigned char ambiguous[RING]; /* segment starting at ev[i] may include idle time */
-    int ready;                     /* events created */
-    unsigned head, tail;           /* outstanding events are [tail, head) */
+    struct pair ring[RING];
+    int ready;             /* events created */
+    unsigned head, tail;   /* pairs in flight are [tail, head) */
     long long tokens_ns;
     long long last_refill_ns;
     long long next_harvest_ns;
@@ -64,6 +66,9 @@ static int policy;
 static vgpu_limiter_ops_t ops;
 static int ops_state; /* 0 unknown, 1 loaded, -1 missing */
 static pthread_once_t state_once = PTHREAD_ONCE_INIT;
+/* the pair this thread opened in before_launch, closed by after_launch; -1 none */
+static __thread int open_dev = -1;
+static __thread unsigned open_slot;
 
 static long long now_ns(void)
 {
@@ -112,8 +117,10 @@ VGPU_HIDDEN int vgpu_limiter_percent(int dev)
 static void init_states(void)
 {
     int d;
-    for (d = 0; d < VGPU_MAX_DEVICES; d++)
+    for (d = 0; d < VGPU_MAX_DEVICES; d++) {
+        pthread_mutex_init(&dev_state[d].throttle_mu, 0);
         pthread_mutex_init(&dev_state[d].mu, 0);
+    }
 }
 
 static int load_ops(void)
@@ -123,7 +130,7 @@ static int load_ops(void)
         return s > 0;
     s = vgpu_limiter_ops_load(&ops) == 0 ? 1 : -1;
     if (s < 0)
-        VGPU_WARN("SM limit set but the driver lacks event entry points; launches are not throttled");
+        VGPU_WARN("SM limit set but the driver lacks the event entry points; launches are not throttled");
     __atomic_store_n(&ops_state, s, __ATOMIC_RELEASE);
     return s > 0;
 }
@@ -139,11 +146,11 @@ static int ensure_events(struct dev_state *st)
     if (st->ready)
         return st->ctx == cur;
     for (i = 0; i < RING; i++)
-        if (ops.event_create(&st->ev[i], CU_EVENT_DEFAULT) != CUDA_SUCCESS)
-            return 0; /* created ones are kept for the next try */
+        if ((!st->ring[i].start && ops.event_create(&st->ring[i].start, CU_EVENT_DEFAULT) != CUDA_SUCCESS) ||
+            (!st->ring[i].end && ops.event_create(&st->ring[i].end, CU_EVENT_DEFAULT) != CUDA_SUCCESS))
+            return 0; /* the ones created are kept for the next try */
     st->ctx = cur;
     st->ready = 1;
-    st->head = st->tail = 0;
     st->last_refill_ns = now_ns();
     st->tokens_ns = BURST_NS;
     return 1;
@@ -157,22 +164,19 @@ static void refill(struct dev_state *st, int pct, long long now)
         st->tokens_ns = BURST_NS;
 }
 
-/* charge every segment whose end event has completed */
+/* charge every launch whose end event has completed, oldest first */
 static void harvest(struct dev_state *st)
 {
-    while (st->head - st->tail >= 2) {
-        unsigned a = st->tail % RING, b = (st->tail + 1) % RING;
+    while (st->tail != st->head) {
+        struct pair *p = &st->ring[st->tail % RING];
         float ms = 0;
-        long long seg;
 
-        if (ops.event_query(st->ev[b]) != CUDA_SUCCESS)
+        if (!p->done || ops.event_query(p->end) != CUDA_SUCCESS)
             break;
-        if (ops.event_elapsed(&ms, st->ev[a], st->ev[b]) != CUDA_SUCCESS || ms < 0)
+        if (ops.event_elapsed(&ms, p->start, p->end) != CUDA_SUCCESS || ms < 0)
             ms = 0;
-        seg = (long long)((double)ms * 1e6);
-        if (st->ambiguous[a] && seg > AMBIGUOUS_CAP_NS)
-            seg = AMBIGUOUS_CAP_NS;
-        st->tokens_ns -= seg;
+        st->tokens_ns -= (long long)((double)ms * 1e6);
+        p->done = 0;
         st->tail++;
     }
 }
@@ -189,48 +193,71 @@ static void stamp_region(struct dev_state *st, long long now)
     __atomic_store_n(&r->last_kernel_time, (uint64_t)time(0), __ATOMIC_RELAXED);
 }
 
-static void throttle(struct dev_state *st, int pct)
+/* mu held: bring the bucket up to date; returns how long to sleep to pay the debt (0: none) */
+static long long account(struct dev_state *st, int pct)
 {
     long long now = now_ns(), debt;
-    struct timespec ts;
 
     refill(st, pct, now);
     harvest(st);
     stamp_region(st, now);
     st->next_harvest_ns = now + HARVEST_NS;
     if (st->tokens_ns >= 0)
-        return;
+        return 0;
     debt = -st->tokens_ns * 100 / pct; /* wall time that refills the bucket to zero */
-    if (getenv("DBG")) fprintf(stderr, "tokens %lld debt %lld head %u tail %u\n", st->tokens_ns, debt, st->head, st->tail);
-    if (debt > MAX_SLEEP_NS)
-        debt = MAX_SLEEP_NS;
-    ts.tv_sec = (time_t)(debt / 1000000000ll);
-    ts.tv_nsec = (long)(debt % 1000000000ll);
-    nanosleep(&ts, 0);
-    refill(st, pct, now_ns());
+    return debt > MAX_SLEEP_NS ? MAX_SLEEP_NS : debt;
 }
 
-static void do_before_launch(struct dev_state *st, int pct, CUstream stream)
+static void sleep_ns(long long ns)
 {
-    unsigned slot;
+    struct timespec ts;
+    ts.tv_sec = (time_t)(ns / 1000000000ll);
+    ts.tv_nsec = (long)(ns % 1000000000ll);
+    nanosleep(&ts, 0);
+}
 
-    if (!ensure_events(st))
+/* throttle_mu held (launching threads queue here while one pays the debt); mu taken only for
+ * short bookkeeping so that after_launch of other threads never waits for a sleep */
+static void do_before(struct dev_state *st, int dev, int pct, CUstream stream)
+{
+    long long debt = 0;
+    CUevent wait_for = 0;
+    struct pair *p;
+
+    pthread_mutex_lock(&st->mu);
+    if (!ensure_events(st)) {
+        pthread_mutex_unlock(&st->mu);
         return;
-    if (st->head - st->tail == RING) { /* CPU too far ahead: wait for the oldest segment */
-        ops.event_sync(st->ev[(st->tail + 1) % RING]);
+    }
+    if (now_ns() >= st->next_harvest_ns)
+        debt = account(st, pct);
+    if (st->head - st->tail == RING) { /* CPU too far ahead: wait for the oldest launch */
+        p = &st->ring[st->tail % RING];
+        if (!p->done) { /* another thread is between its before and after: leave this one unmeasured */
+            pthread_mutex_unlock(&st->mu);
+            return;
+        }
+        wait_for = p->end;
+    }
+    pthread_mutex_unlock(&st->mu);
+    if (wait_for)
+        ops.event_sync(wait_for);
+    if (debt)
+        sleep_ns(debt);
+    pthread_mutex_lock(&st->mu);
+    if (wait_for || debt) {
         refill(st, pct, now_ns());
         harvest(st);
     }
-    slot = st->head % RING;
-    if (st->head != st->tail) {
-        unsigned prev = (st->head - 1) % RING;
-        st->ambiguous[prev] = ops.event_query(st->ev[prev]) == CUDA_SUCCESS;
+    if (st->head - st->tail < RING) {
+        p = &st->ring[st->head % RING];
+        if (ops.event_record(p->start, stream) == CUDA_SUCCESS) { /* else another context's stream */
+            p->done = 0;
+            open_dev = dev;
+            open_slot = st->head++;
+        }
     }
-    if (ops.event_record(st->ev[slot], stream) != CUDA_SUCCESS)
-        return; /* a stream of another context: not measured */
-    st->head++;
-    if (now_ns() >= st->next_harvest_ns)
-        throttle(st, pct);
+    pthread_mutex_unlock(&st->mu);
 }
 
 VGPU_HIDDEN void vgpu_limiter_before_launch(CUstream stream)
@@ -240,18 +267,36 @@ VGPU_HIDDEN void vgpu_limiter_before_launch(CUstream stream)
     struct dev_state *st;
     int pct;
 
+    open_dev = -1;
     if (!load_ops() || ops.ctx_get_device(&dev) != CUDA_SUCCESS || dev < 0 || dev >= VGPU_MAX_DEVICES)
         return;
     pct = vgpu_limiter_percent(dev);
     if (!pct)
         return;
-    /* recording into a capturing stream would add a node to the user's graph: the graph's launch
+    /* recording into a capturing stream would add nodes to the user's graph: the graph's launch
      * is throttled instead */
     if (ops.stream_is_capturing(stream, &cap) != CUDA_SUCCESS || cap != CU_STREAM_CAPTURE_STATUS_NONE)
         return;
     pthread_once(&state_once, init_states);
     st = &dev_state[dev];
+    pthread_mutex_lock(&st->throttle_mu);
+    do_before(st, dev, pct, stream);
+    pthread_mutex_unlock(&st->throttle_mu);
+}
+
+VGPU_HIDDEN void vgpu_limiter_after_launch(CUstream stream)
+{
+    struct dev_state *st;
+    struct pair *p;
+
+    if (open_dev < 0)
+        return;
+    st = &dev_state[open_dev];
+    open_dev = -1;
     pthread_mutex_lock(&st->mu);
-    do_before_launch(st, pct, stream);
+    p = &st->ring[open_slot % RING];
+    if (ops.event_record(p->end, stream) != CUDA_SUCCESS)
+        ops.event_record(p->end, 0); /* cannot fail silently: an open pair would stall harvesting */
+    p->done = 1;
     pthread_mutex_unlock(&st->mu);
 }

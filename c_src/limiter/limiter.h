@@ -1,6 +1,8 @@
-/* Launch hook for the SM limiter (implemented by the region layer; limiter_stub.c is the
- * default). Wrappers call it only when enabled:
- *   if (__builtin_expect(vgpu_limiter_enabled, 0)) vgpu_limiter_before_launch(stream); */
+/* Launch hooks for the SM limiter (limiter.c). Wrappers call them only when enabled, around the
+ * real launch (the pair measures the launch's GPU time):
+ *   if (__builtin_expect(vgpu_limiter_enabled, 0)) vgpu_limiter_before_launch(stream);
+ *   rc = real(...);
+ *   if (__builtin_expect(vgpu_limiter_enabled, 0)) vgpu_limiter_after_launch(stream); */
 #ifndef VGPU_LIMITER_H
 #define VGPU_LIMITER_H
 
@@ -10,5 +12,6 @@
 
 VGPU_HIDDEN extern int vgpu_limiter_enabled;
 VGPU_HIDDEN void vgpu_limiter_before_launch(CUstream s);
+VGPU_HIDDEN void vgpu_limiter_after_launch(CUstream s);
 
 #endif

@@ -3,7 +3,8 @@
  *   shm.c   open/create/size/initialise/map, the config check, exit and fork handling
  *   lock.c  the cross-process lock (flock on the file: released by the kernel if the holder dies)
  *   slots.c process slots (claim, liveness, reclaim) and per-device usage (atomics + seqlock)
- * Nothing here calls the CUDA driver: the caller passes device facts in vgpu_region_config_t. */
+ * Nothing here calls the CUDA driver: the caller (accounting/budget.c) passes device facts in
+ * vgpu_region_config_t. */
 #ifndef VGPU_REGION_H
 #define VGPU_REGION_H
 
@@ -32,6 +33,8 @@ VGPU_HIDDEN uint64_t vgpu_env_sm_limit(int dev);
  * 0 on success; -1 when it cannot be used (a warning says why; callers fall back to
  * process-local accounting). Idempotent; safe from many threads. */
 VGPU_HIDDEN int vgpu_region_attach(const char *path, const vgpu_region_config_t *cfg);
+/* write device_num and uuids into a region created before the driver could name its devices */
+VGPU_HIDDEN void vgpu_region_fill_devices(const vgpu_region_config_t *cfg);
 /* the mapping, NULL when not attached */
 VGPU_HIDDEN vgpu_region_t *vgpu_region_get(void);
 /* this process's slot (claims a fresh one in a forked child), NULL when not attached */

@@ -53,21 +53,32 @@ static void atfork_child(void)
     attach_mu = fresh;
 }
 
-static void init_region(vgpu_region_t *r, const vgpu_region_config_t *cfg)
+static void copy_devices(vgpu_region_t *r, const vgpu_region_config_t *cfg)
 {
     int d, n = cfg->device_count < 0 ? 0 : cfg->device_count;
 
     if (n > VGPU_MAX_DEVICES)
         n = VGPU_MAX_DEVICES;
+    for (d = 0; d < n; d++) {
+        memcpy(r->uuids[d], cfg->uuid[d], VGPU_UUID_LEN - 1);
+        r->uuids[d][VGPU_UUID_LEN - 1] = 0;
+    }
+    __atomic_store_n(&r->device_num, (uint64_t)n, __ATOMIC_RELEASE);
+}
+
+static void init_region(vgpu_region_t *r, const vgpu_region_config_t *cfg)
+{
+    int d;
+
     memset(r, 0, sizeof *r);
     r->major_version = VGPU_REGION_MAJOR;
     r->minor_version = VGPU_REGION_MINOR;
     r->owner_pid = (uint64_t)getpid();
-    sem_init(&r->sem, 1, 1);          /* for vendor peers, which lock with it */
+    sem_init(&r->sem, 1, 1); /* for vendor peers, which lock with it */
     sem_init(&r->sem_postinit, 1, 1);
-    r->device_num = (uint64_t)n;
-    for (d = 0; d < n; d++) {
-        memcpy(r->uuids[d], cfg->uuid[d], VGPU_UUID_LEN - 1);
+    copy_devices(r, cfg);
+    /* every entry, not only the devices known now: limits come from the env, which names no count */
+    for (d = 0; d < VGPU_MAX_DEVICES; d++) {
         r->limit[d] = cfg->limit[d];
         r->sm_limit[d] = cfg->sm_limit[d];
     }
@@ -77,11 +88,27 @@ static void init_region(vgpu_region_t *r, const vgpu_region_config_t *cfg)
     __atomic_store_n(&r->initialized_flag, VGPU_REGION_MAGIC, __ATOMIC_RELEASE);
 }
 
+VGPU_HIDDEN void vgpu_region_fill_devices(const vgpu_region_config_t *cfg)
+{
+    vgpu_region_t *r = vgpu_region_get();
+
+    if (!r || cfg->device_count <= 0 || __atomic_load_n(&r->device_num, __ATOMIC_ACQUIRE))
+        return;
+    vgpu_region_lock();
+    if (!r->device_num)
+        copy_devices(r, cfg);
+    vgpu_region_unlock();
+}
+
 /* a later process's env that disagrees with the region: say so once per value; the region wins */
 static void check_config(const vgpu_region_t *r, const vgpu_region_config_t *cfg)
 {
-    int d, n = cfg->device_count < VGPU_MAX_DEVICES ? cfg->device_count : VGPU_MAX_DEVICES;
+    int d, n = cfg->device_count > (int)r->device_num ? cfg->device_count : (int)r->device_num;
 
+    if (n < 1) /* devices not known yet: the env applies to device 0 like to any other */
+        n = 1;
+    if (n > VGPU_MAX_DEVICES)
+        n = VGPU_MAX_DEVICES;
     for (d = 0; d < n; d++) {
         if (r->limit[d] != cfg->limit[d])
             VGPU_WARN("device %d memory limit: this process's env gives %llu bytes, region %s (created by pid "
@@ -92,7 +119,7 @@ static void check_config(const vgpu_region_t *r, const vgpu_region_config_t *cfg
             VGPU_WARN("device %d SM limit: this process's env gives %llu%%, region %s holds %llu%%; using the "
                       "region's", d, (unsigned long long)cfg->sm_limit[d], region_path,
                       (unsigned long long)r->sm_limit[d]);
-        if (cfg->uuid[d][0] && r->uuids[d][0] && strncmp(r->uuids[d], cfg->uuid[d], VGPU_UUID_LEN))
+        if (d < cfg->device_count && cfg->uuid[d][0] && r->uuids[d][0] && strncmp(r->uuids[d], cfg->uuid[d], VGPU_UUID_LEN))
             VGPU_WARN("device %d is %.95s here but %.95s in region %s; processes of this container see "
                       "different devices (CUDA_VISIBLE_DEVICES?)", d, cfg->uuid[d], r->uuids[d], region_path);
     }

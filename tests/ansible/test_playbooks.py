@@ -8,6 +8,8 @@ import os
 import shutil
 from pathlib import Path
 
+import pytest
+
 from conftest import Libs, Node, run_playbook, write_inventory
 
 ALL_AT_ONCE = {"vgpu_patch_serial": "100%"}  # one batch: faster where batching is not under test
@@ -25,61 +27,83 @@ def assert_clean(node: Node) -> None:
 
 
 def test_deploy_rerun_status_rollback(nodes: list[Node], libs: Libs, tmp_path: Path) -> None:
-    versioned, plain, fresh = nodes
+    versioned, plain, _ = nodes
     shutil.copy(libs.vendor, versioned.libdir / "libvgpu.so.2.5.0")
     os.chmod(versioned.libdir / "libvgpu.so.2.5.0", 0o755)
+    (versioned.libdir / "ld.so.preload").write_text("/usr/local/vgpu/libvgpu.so\n")  # HAMi's own line
     shutil.copy(libs.vendor, plain.libdir / "libvgpu.so")
     os.chmod(plain.libdir / "libvgpu.so", 0o644)
-    (plain.libdir / "ld.so.preload").write_text("/usr/local/vgpu/libvgpu.so\n")
-    inv = write_inventory(nodes, tmp_path / "inv.ini")
+    inv = write_inventory([versioned, plain], tmp_path / "inv.ini")
     vendor_sha, v2_sha = sha(libs.vendor), sha(libs.v2)
 
     run = run_playbook("deploy.yml", inv, {**ALL_AT_ONCE, "vgpu_patch_library": str(libs.v2),
                                            "vgpu_patch_library_sha256": v2_sha})
     assert run.rc == 0, run.output
-    live = {versioned: versioned.libdir / "libvgpu.so.2.5.0", plain: plain.libdir / "libvgpu.so",
-            fresh: fresh.libdir / "libvgpu.so"}
-    for node, path in live.items():
-        assert sha(path) == v2_sha
-        assert run.changed(node) > 0
+    live = {versioned.name: versioned.libdir / "libvgpu.so.2.5.0", plain.name: plain.libdir / "libvgpu.so"}
+    for node in (versioned, plain):
+        assert sha(live[node.name]) == v2_sha and run.changed(node) > 0
         assert_clean(node)
         (line,) = node.history()
-        assert line["action"] == "deploy" and line["tool"] == "ansible" and line["to_sha256"] == v2_sha
-        assert line["path"] == str(path) and line["time"].endswith("Z") and "@" in line["operator"]
-    assert not (versioned.libdir / "libvgpu.so").exists()  # the versioned file is the live one
-    assert oct((versioned.libdir / "libvgpu.so.2.5.0").stat().st_mode & 0o777) == "0o755"  # mode kept
-    assert fresh.history()[0]["from_sha256"] is None
-    for node in (versioned, plain):
-        assert node.history()[0]["from_sha256"] == vendor_sha
-        backup = node.state / "backups" / f"{vendor_sha}.so"
-        assert backup.read_bytes() == libs.vendor.read_bytes()
+        assert (line["action"], line["tool"], line["from_sha256"], line["to_sha256"]) == ("deploy", "ansible", vendor_sha, v2_sha)
+        assert line["path"] == str(live[node.name]) and line["time"].endswith("Z") and "@" in line["operator"]
+        assert (node.state / "backups" / f"{vendor_sha}.so").read_bytes() == libs.vendor.read_bytes()
         doc = json.loads((node.state / "backups" / f"{vendor_sha}.json").read_text())
         assert doc["sha256"] == vendor_sha and doc["size"] == libs.vendor.stat().st_size and doc["tool"] == "ansible"
+    assert not (versioned.libdir / "libvgpu.so").exists()  # the versioned file is the live one
+    assert oct(live[versioned.name].stat().st_mode & 0o777) == "0o755"  # mode kept
 
     again = run_playbook("deploy.yml", inv, {**ALL_AT_ONCE, "vgpu_patch_library": str(libs.v2)})
     assert again.rc == 0, again.output
-    assert {n.name: again.changed(n) for n in nodes} == {n.name: 0 for n in nodes}
-    assert all(len(n.history()) == 1 for n in nodes)
+    assert (again.changed(versioned), again.changed(plain)) == (0, 0)
+    assert len(versioned.history()) == len(plain.history()) == 1
 
-    status = run_playbook("status.yml", inv, limit=plain.name)
-    assert status.rc == 0 and status.changed(plain) == 0, status.output
+    status = run_playbook("status.yml", inv, limit=versioned.name)
+    assert status.rc == 0 and status.changed(versioned) == 0, status.output
     assert v2_sha in status.output and "vgpu-patch-shim 0.2.0" in status.output
 
-    back = run_playbook("rollback.yml", inv, ALL_AT_ONCE, limit=f"{versioned.name},{plain.name}")
+    back = run_playbook("rollback.yml", inv, limit=versioned.name)
     assert back.rc == 0, back.output
-    for node in (versioned, plain):
-        assert live[node].read_bytes() == libs.vendor.read_bytes()  # byte-identical
-        last = node.history()[-1]
-        assert (last["action"], last["from_sha256"], last["to_sha256"]) == ("rollback", v2_sha, vendor_sha)
-        assert (node.state / "backups" / f"{v2_sha}.so").read_bytes() == libs.v2.read_bytes()  # roll-forward kept
-        assert_clean(node)
+    assert live[versioned.name].read_bytes() == libs.vendor.read_bytes()  # byte-identical
+    last = versioned.history()[-1]
+    assert (last["action"], last["from_sha256"], last["to_sha256"]) == ("rollback", v2_sha, vendor_sha)
+    assert (versioned.state / "backups" / f"{v2_sha}.so").read_bytes() == libs.v2.read_bytes()  # roll-forward kept
+    assert_clean(versioned)
+
+    # What Ansible deployed, the CLI rolls back (same state files, same lock).
+    swap = pytest.importorskip("vgpu_patch.deploy.swap")
+    from vgpu_patch.transport.local import LocalTransport
+
+    res = swap.rollback(LocalTransport(plain.root), "/usr/local/vgpu", operator="test@cli")
+    assert res.changed and res.to_sha256 == vendor_sha
+    assert live[plain.name].read_bytes() == libs.vendor.read_bytes()
+    assert plain.history()[-1]["tool"].startswith("vgpu-patch")
+
+
+def test_cli_deploy_rolled_back_by_ansible_after_a_dead_run(nodes: list[Node], libs: Libs, tmp_path: Path) -> None:
+    swap = pytest.importorskip("vgpu_patch.deploy.swap")
+    from vgpu_patch.transport.local import LocalTransport
+
+    node = nodes[0]
+    shutil.copy(libs.vendor, node.libdir / "libvgpu.so")
+    res = swap.deploy_file(LocalTransport(node.root), libs.v1, "/usr/local/vgpu", operator="test@cli")
+    assert res.changed and sha(node.libdir / "libvgpu.so") == sha(libs.v1)
+    (node.state / "lock.d").mkdir()  # an Ansible run that died holding the lock
+    (node.state / "lock.d" / "owner").write_text("alice@ctl ansible 2026-01-01T00:00:00Z\n")
+    inv = write_inventory([node], tmp_path / "inv.ini")
+
+    run = run_playbook("rollback.yml", inv, {"vgpu_patch_break_lock": True})
+    assert run.rc == 0, run.output
+    assert (node.libdir / "libvgpu.so").read_bytes() == libs.vendor.read_bytes()
+    first, last = node.history()
+    assert first["tool"].startswith("vgpu-patch") and last["tool"] == "ansible" and last["to_sha256"] == sha(libs.vendor)
+    assert_clean(node)
 
 
 def test_candidate_failing_the_load_test_stops_at_the_canary(nodes: list[Node], libs: Libs, tmp_path: Path) -> None:
     for n in nodes:
         shutil.copy(libs.vendor, n.libdir / "libvgpu.so")
     inv = write_inventory(nodes, tmp_path / "inv.ini")
-    run = run_playbook("deploy.yml", inv, {"vgpu_patch_library": str(libs.not_elf)})
+    run = run_playbook("deploy.yml", inv, {"vgpu_patch_library": str(libs.not_elf)})  # serial [1, 25%]
     assert run.rc != 0
     assert "failed to validate" in run.output and "cannot be preloaded" in run.output
     canary, *rest = nodes
@@ -93,8 +117,8 @@ def test_candidate_failing_the_load_test_stops_at_the_canary(nodes: list[Node], 
 
 
 def test_failing_node_stops_the_rollout(nodes: list[Node], libs: Libs, tmp_path: Path) -> None:
-    first, broken, last = nodes
-    for n in nodes:
+    first, broken, last = nodes  # first: a node with no library yet (fresh install)
+    for n in (broken, last):
         shutil.copy(libs.vendor, n.libdir / "libvgpu.so.2.5.0")
     shutil.copy(libs.v1, broken.libdir / "libvgpu.so.2.4.0")  # two versioned files: ambiguous
     inv = write_inventory(nodes, tmp_path / "inv.ini")
@@ -102,7 +126,8 @@ def test_failing_node_stops_the_rollout(nodes: list[Node], libs: Libs, tmp_path:
     assert run.rc != 0
     assert "several versioned libraries" in run.output
     assert run.failed(first) == 0 and run.changed(first) > 0
-    assert sha(first.libdir / "libvgpu.so.2.5.0") == sha(libs.v2)
+    assert sha(first.libdir / "libvgpu.so") == sha(libs.v2)
+    assert first.history()[0]["from_sha256"] is None
     assert run.failed(broken) == 1
     assert sha(broken.libdir / "libvgpu.so.2.5.0") == sha(libs.vendor)
     assert not (broken.state / "lock.d").exists()  # released in `always`
@@ -125,10 +150,7 @@ def test_lock_held_by_another_deploy_is_respected(nodes: list[Node], libs: Libs,
     (node.state / "lock.d" / "owner").write_text("alice@ctl ansible 2026-01-01T00:00:00Z\n")
     run = run_playbook("deploy.yml", inv, {"vgpu_patch_library": str(libs.v2)})
     assert run.rc != 0 and "alice@ctl" in run.output and "vgpu_patch_break_lock" in run.output
-    run = run_playbook("deploy.yml", inv, {"vgpu_patch_library": str(libs.v2), "vgpu_patch_break_lock": True})
-    assert run.rc == 0, run.output
-    assert sha(node.libdir / "libvgpu.so") == sha(libs.v2)
-    assert_clean(node)
+    assert (node.libdir / "libvgpu.so").read_bytes() == libs.vendor.read_bytes()
 
 
 def test_wrong_expected_sha256_touches_no_node(nodes: list[Node], libs: Libs, tmp_path: Path) -> None:

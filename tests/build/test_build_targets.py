@@ -1,6 +1,7 @@
 """Real builds of the fixture tree for both glibc floors and both arches, proven from the ELF."""
 from __future__ import annotations
 
+import ctypes
 import re
 import shutil
 import subprocess
@@ -85,6 +86,24 @@ def test_debug_profile_has_debug_info_and_no_absolute_source_paths(built, fixtur
     data = r.library.read_bytes()
     with open(r.library, "rb") as f:
         assert ELFFile(f).get_section_by_name(".debug_info") is not None
-    assert str(fixture_src).encode() not in data
+    assert str(fixture_src).encode() not in data and b"vgpu-build-" not in data
     assert b"vgpu: debug init at %s" in data  # VGPU_DEBUG_BUILD reached the C
     assert b"\0core.c\0" in data  # __FILE__ is relative after -ffile-prefix-map
+
+
+@pytest.mark.skipif(host_arch() != "x86_64", reason="loads an x86_64 build into this process")
+@pytest.mark.parametrize("glibc", ["2.28", "2.17"])
+def test_floor_build_loads_and_runs_on_this_host(built, glibc: str) -> None:
+    lib = ctypes.CDLL(str(built("x86_64", glibc).library))
+    free_b, total_b = ctypes.c_size_t(), ctypes.c_size_t()
+    assert lib.cuMemGetInfo_v2(ctypes.byref(free_b), ctypes.byref(total_b)) == 0
+    assert total_b.value == 4 << 30
+    assert lib.vgpuFixtureTrampoline() == 0
+    with pytest.raises(AttributeError):
+        lib.fx_core_init  # hidden
+
+
+def test_glibc_release_names() -> None:
+    assert elfproof.glibc_release("GLIBC_2.2.5") == "2.2.5"
+    assert elfproof.glibc_release("GLIBC_ABI_DT_RELR") == "2.36"
+    assert elfproof.glibc_release("GLIBC_PRIVATE") is None

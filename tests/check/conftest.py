@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-import libs  # noqa: E402
+import elfcheck_fixtures as libs  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -32,12 +32,3 @@ def i386_lib(built: dict[str, Path]) -> Path:
     (d / "tiny.c").write_text("int cuInit(void) { return 0; }\n")
     return libs.zig_build(d, "i386", "x86-linux-gnu", source="tiny.c")
 
-
-def cli_runner():
-    """A CliRunner keeping stdout and stderr apart on click 8.1 (mix_stderr) and 8.2+ (always apart)."""
-    from click.testing import CliRunner
-
-    try:
-        return CliRunner(mix_stderr=False)
-    except TypeError:
-        return CliRunner()

@@ -2,12 +2,11 @@
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 
+from deploy_support import build_lib
 from sshd_harness import SSHD, HarnessUnavailable, available
 
 TEST_USER = "vgpudeploy"
@@ -63,26 +62,6 @@ def fresh_sshd(tmp_path: Path):
     _need_sshd()
     with SSHD(tmp_path / "sshd") as server:
         yield server
-
-
-_LIB_SRC = r"""
-#include <stddef.h>
-__attribute__((used)) static const char marker[] = "%(marker)s";
-__attribute__((used)) static const unsigned char pad[%(pad)d] = {%(fill)d};
-int vgpu_test_version(void) { return %(version)d; }
-unsigned long vgpu_test_sum(void) { unsigned long s = 0; for (size_t i = 0; i < sizeof pad; i++) s += pad[i]; return s + (unsigned long)marker[0]; }
-"""
-
-
-def build_lib(out: Path, version: int, *, ours: bool = True, pad: int = 256 * 1024, cc: str = "gcc") -> Path:
-    """A real shared object: `ours` embeds `vgpu-patch-shim 0.<version>.0` like our shim does."""
-    if shutil.which(cc) is None:
-        pytest.skip(f"{cc} not found")
-    marker = f"vgpu-patch-shim 0.{version}.0" if ours else f"vendor-vgpu build {version}"
-    src = out.with_suffix(".c")
-    src.write_text(_LIB_SRC % {"marker": marker, "pad": pad, "fill": version % 250 + 1, "version": version})
-    subprocess.run([cc, "-shared", "-fPIC", "-O1", "-o", str(out), str(src)], check=True)
-    return out
 
 
 @pytest.fixture(scope="session")

@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import build_lib
-from helpers import assert_whole, leftovers, make_node, sha
+from deploy_support import assert_whole, leftovers, make_node, sha
 from vgpu_patch.deploy.facts import AmbiguousLiveFile
 from vgpu_patch.deploy.swap import SwapHooks, deploy_file, node_status, rollback
 from vgpu_patch.errors import DeployError, IntegrityError, LockedError

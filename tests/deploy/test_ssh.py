@@ -11,10 +11,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from conftest import build_lib
-from helpers import assert_whole, leftovers, sha
+from deploy_support import IS_ROOT, NO_SUDO, assert_whole, build_lib, leftovers, sha
 from sshd_harness import SSHD, known_hosts_file
-from tcpproxy import CuttingProxy
+from deploy_tcpproxy import CuttingProxy
 from vgpu_patch.cli import cli
 from vgpu_patch.deploy.swap import deploy_file, node_status, rollback
 from vgpu_patch.deploy.targets import HostSpec, make_transport, parse_host
@@ -24,6 +23,7 @@ from vgpu_patch.transport.ssh import SSHTransport
 
 def transport(server: SSHD, **kw) -> SSHTransport:
     kw.setdefault("known_hosts", server.known_hosts)
+    kw.setdefault("use_sudo", None if IS_ROOT else False)
     return SSHTransport(server.host, port=server.port, user=server.user, key_filenames=[str(server.key_path)],
                         allow_agent=False, **kw)
 
@@ -109,7 +109,7 @@ def test_connection_cut_mid_upload_leaves_old_file(sshd_root: SSHD, tmp_path: Pa
     known.write_text(sshd_root.host_key_line.replace(str(sshd_root.port), str(proxy.port), 1) + "\n")
     try:
         t = SSHTransport("127.0.0.1", port=proxy.port, user=sshd_root.user, key_filenames=[str(sshd_root.key_path)],
-                         known_hosts=known, allow_agent=False)
+                         known_hosts=known, allow_agent=False, use_sudo=None if IS_ROOT else False)
         with pytest.raises(ConnectionFailure, match="connection lost"):
             deploy_file(t, big, str(d), operator="x")
         assert proxy.cut.is_set()
@@ -169,7 +169,7 @@ def test_proxyjump_from_ssh_config(sshd_root: SSHD, fresh_sshd: SSHD, tmp_path: 
     accepted = lambda srv: srv.log_path.read_text().count("Accepted publickey")  # noqa: E731
     jump_before, target_before = accepted(sshd_root), accepted(fresh_sshd)
     res = CliRunner().invoke(
-        cli, ["deploy", "--no-check", "--host", "gpu-behind", "--ssh-config", str(cfg), "--known-hosts", str(kh),
+        cli, ["deploy", "--no-check", *NO_SUDO, "--host", "gpu-behind", "--ssh-config", str(cfg), "--known-hosts", str(kh),
               "--target-dir", str(d), "--json", str(libs["v1"])],
     )
     assert res.exit_code == 0, res.output
@@ -189,3 +189,36 @@ def test_make_transport_resolves_ssh_config(tmp_path: Path) -> None:
     assert t.key_filenames == [os.path.expanduser("~/k")]  # type: ignore[attr-defined]
     t = make_transport(parse_host("admin@n1:22"), config=cfg)
     assert (t.port, t.user) == (22, "admin")  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("children", [True, False], ids=["script-killed", "script-orphaned"])
+def test_connection_killed_during_the_swap_script(fresh_sshd: SSHD, tmp_path: Path, libs, children: bool) -> None:
+    import threading
+    import time
+
+    from vgpu_patch.deploy.swap import SwapHooks
+
+    d = lib_dir(tmp_path, libs["vendor"])
+    t = transport(fresh_sshd)
+    timer = threading.Timer(0.7, fresh_sshd.kill_sessions, kwargs={"children": children})
+    timer.start()
+    try:
+        with pytest.raises(ConnectionFailure):
+            deploy_file(t, libs["v1"], str(d), operator="x", hooks=SwapHooks(in_lock="sleep 1.5"))
+    finally:
+        timer.join()
+        t.close()
+    history = d / ".vgpu-patch" / "history.jsonl"
+    if not children:  # the orphaned script ignores HUP/PIPE and completes the swap on its own
+        for _ in range(100):
+            if history.exists():
+                break
+            time.sleep(0.05)
+        assert history.exists()
+        assert_whole(d / "libvgpu.so", libs["v1"])
+    else:
+        assert_whole(d / "libvgpu.so", libs["vendor"], libs["v1"])
+    with transport(fresh_sshd) as t2:  # the lock died with the script: a rerun goes through
+        deploy_file(t2, libs["v1"], str(d), operator="x")
+        assert node_status(t2, str(d)).sha256 == sha(libs["v1"])
+    assert leftovers(d) == []  # the rerun removed whatever a SIGKILLed script left

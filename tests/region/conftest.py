@@ -3,26 +3,14 @@
 from __future__ import annotations
 
 import os
+import sys
 import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from regiontools import C_SRC
-REGION_SOURCES = sorted((C_SRC / "region").glob("*.c")) + [C_SRC / "log" / "log.c"] + sorted(
-    (C_SRC / "limits").glob("*.c")
-)
-CFLAGS = ["-O2", "-g", "-std=gnu11", "-Wall", "-Wextra", "-Werror", "-fvisibility=hidden", f"-I{C_SRC}"]
-
-
-def _cc() -> str:
-    cc = shutil.which("gcc") or shutil.which("cc")
-    if not cc:
-        pytest.skip("no C compiler (gcc) on PATH")
-    return cc
-
-
+from regiontools import C_SRC, CFLAGS, REGION_SOURCES, cc as _cc
 @pytest.fixture(scope="session")
 def region_tool(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The region test driver, built once per session."""
@@ -38,3 +26,30 @@ def region_env(tmp_path: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("CUDA_", "VGPU_", "GPU_CORE", "LIBCUDA"))}
     env["CUDA_DEVICE_MEMORY_SHARED_CACHE"] = str(tmp_path / "cudevshr.cache")
     return env
+
+
+# --- the real shim over the shim helper's fake driver (their builders, reused) -------------------
+TESTS = Path(__file__).resolve().parents[1]
+if str(TESTS) not in sys.path:
+    sys.path.insert(0, str(TESTS))
+
+
+@pytest.fixture(scope="session")
+def fake_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from shim.conftest import build_fake_driver
+
+    return build_fake_driver(tmp_path_factory.mktemp("fake-driver"))
+
+
+@pytest.fixture(scope="session")
+def shim_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from vgpu_patch.build import build_shim
+
+    return build_shim(tmp_path_factory.mktemp("shim"), compiler="gcc", glibc=None).library
+
+
+@pytest.fixture
+def shim_env(shim_path: Path, fake_dir: Path, tmp_path: Path):
+    from shim.harness import Env
+
+    return Env(shim_path, fake_dir, tmp_path)

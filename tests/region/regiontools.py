@@ -1,11 +1,27 @@
 """Helpers for tests/region: run c_src/tests/region/region_tool as real processes."""
 from __future__ import annotations
 
+import shutil
 import subprocess
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 C_SRC = ROOT / "c_src"
+REGION_SOURCES = sorted((C_SRC / "region").glob("*.c")) + [C_SRC / "log" / "log.c"] + sorted(
+    (C_SRC / "limits").glob("*.c")
+)
+CFLAGS = ["-O2", "-g", "-std=gnu11", "-Wall", "-Wextra", "-Werror", "-fvisibility=hidden", f"-I{C_SRC}"]
+
+
+def cc() -> str:
+    cc = shutil.which("gcc") or shutil.which("cc")
+    if not cc:
+        pytest.skip("no C compiler (gcc) on PATH")
+    return cc
+
+
 
 
 def run_tool(tool: Path, env: dict[str, str], *steps: str, **env_extra: str) -> subprocess.CompletedProcess:
@@ -48,3 +64,30 @@ def _prints(step: str) -> bool:
 
 def lines(cp: subprocess.CompletedProcess) -> list[str]:
     return cp.stdout.split("\n")[:-1]
+
+
+def shim_child(shim_env, body: str, cache: Path, **env_extra: str) -> subprocess.Popen:
+    """A Python child that loads the shim over the fake driver (the shim helper's harness prelude),
+    runs `body`, and talks over pipes: `wait()` in the body blocks until the test writes a line."""
+    import sys
+    import textwrap
+
+    from shim.harness import CDEF, PRELUDE
+
+    code = (f"CDEF = {CDEF!r}\n" + PRELUDE + "\ndef wait():\n    sys.stdin.readline()\n"
+            + textwrap.dedent(body))
+    env = shim_env.base_env({"CUDA_DEVICE_MEMORY_SHARED_CACHE": str(cache), **env_extra})
+    return subprocess.Popen([sys.executable, "-c", code], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def result_line(proc: subprocess.Popen) -> dict:
+    """The next RESULT line a shim child prints."""
+    import json
+
+    while True:
+        line = proc.stdout.readline()
+        if not line:
+            raise AssertionError(f"child exited without RESULT: {proc.stderr.read()}")
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT "):])

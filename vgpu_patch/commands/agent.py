@@ -1,10 +1,111 @@
-"""`vgpu-patch agent` (placeholder: not implemented yet)."""
+"""`vgpu-patch agent`: the DaemonSet's node agent (install, watch, repair; probe; rollback)."""
+from __future__ import annotations
+
+import signal
+import sys
+from pathlib import Path
+
 import click
 
-from ..errors import VgpuPatchError
+from ..cli_options import emit_json, json_option
+from ..errors import EXIT_FAILED
+
+EPILOG = """\b
+Examples:
+  # in the DaemonSet: install, then keep the library in place
+  vgpu-patch agent --library /opt/vgpu-patch/libvgpu.so --host-root /host \\
+      --target-dir /usr/local/vgpu --metrics-port 9400
+  # readiness probe: exit 0 when the live file is the image's library
+  vgpu-patch agent --probe --library /opt/vgpu-patch/libvgpu.so --host-root /host
+  # one pass (install or repair), then exit
+  vgpu-patch agent --once --json --library /opt/vgpu-patch/libvgpu.so --host-root /host
+  # put back the file the agent replaced (the running agent then stops enforcing)
+  kubectl -n vgpu-patch exec ds/vgpu-patch-agent -- vgpu-patch agent --rollback
+
+\b
+Exit codes: 0 ok (probe: ready); 1 failed, refused image content, or probe: not ready; 2 usage error.
+"""
 
 
-@click.command("agent")
-def cli() -> None:
-    """Not implemented yet."""
-    raise VgpuPatchError("'vgpu-patch agent' is not implemented in this version")
+@click.command("agent", epilog=EPILOG)
+@click.option("--library", type=click.Path(dir_okay=False, path_type=Path), default=Path("/opt/vgpu-patch/libvgpu.so"),
+              show_default=True, help="The library shipped in the image.")
+@click.option("--sha256", "sha256", metavar="HEX", help="Expected sha256 of --library (default: its manifest).")
+@click.option("--manifest", type=click.Path(dir_okay=False, path_type=Path),
+              help="Build manifest holding the expected sha256 [default: <library>.json].")
+@click.option("--host-root", type=click.Path(file_okay=False, path_type=Path), default=Path("/host"), show_default=True,
+              help="Where the host's filesystem (or the library dir's hostPath) is mounted.")
+@click.option("--target-dir", default="/usr/local/vgpu", show_default=True,
+              help="The library directory as a host path (HAMi's /usr/local/vgpu).")
+@click.option("--interval", type=click.FloatRange(min=0.05), default=10.0, show_default=True,
+              help="Seconds between re-checks (inotify wakes the agent sooner).")
+@click.option("--watch", type=click.Choice(["auto", "inotify", "poll"]), default="auto", show_default=True,
+              help="How to notice another writer: inotify where available, else polling.")
+@click.option("--once", is_flag=True, help="Install or repair once, then exit.")
+@click.option("--probe", is_flag=True, help="Readiness probe: exit 0 when the live file is the image's library.")
+@click.option("--rollback", "do_rollback", is_flag=True, help="Restore the file the last recorded swap replaced.")
+@click.option("--to", "to_sha256", metavar="SHA256", help="With --rollback: the backup to restore (6+ hex digits).")
+@click.option("--status-file", type=click.Path(dir_okay=False, path_type=Path),
+              default=Path("/run/vgpu-patch/agent.json"), show_default=True, help="JSON status, rewritten each check.")
+@click.option("--metrics-port", type=click.IntRange(min=0, max=65535), default=None,
+              help="Serve Prometheus metrics on this port (/metrics); off by default.")
+@click.option("--metrics-addr", default="0.0.0.0", show_default=True, help="Address for --metrics-port.")
+@click.option("--operator", default="", help="Recorded in history.jsonl [default: agent@$NODE_NAME].")
+@json_option
+def cli(library: Path, sha256: str | None, manifest: Path | None, host_root: Path, target_dir: str, interval: float,
+        watch: str, once: bool, probe: bool, do_rollback: bool, to_sha256: str | None, status_file: Path,
+        metrics_port: int | None, metrics_addr: str, operator: str, as_json: bool) -> None:
+    """Install the image's libvgpu.so into the host's library directory and keep it there.
+
+    Uses the same protocol and on-node state as `vgpu-patch deploy` (lock, backups, history.jsonl with
+    tool "agent"). It re-applies the library when a writer that records nothing (HAMi's device plugin
+    copying its own file back on restart) replaces it, and stops enforcing when an operator's recorded
+    change (a rollback or deploy by the CLI or Ansible) replaced it.
+    """
+    from ..agent.loop import Agent, AgentConfig, log, probe as run_probe
+
+    if sum((once, probe, do_rollback)) > 1:
+        raise click.UsageError("--once, --probe and --rollback are exclusive: pick one")
+    if to_sha256 and not do_rollback:
+        raise click.UsageError("--to needs --rollback")
+    if probe:
+        doc = run_probe(library, host_root, target_dir, sha256=sha256, manifest=manifest)
+        if as_json:
+            emit_json(doc)
+        elif not doc["ready"]:
+            click.echo(f"not ready: {doc['live_path']} has sha256 {doc['live_sha256']}, want {doc['want_sha256']}",
+                       err=True)
+        sys.exit(0 if doc["ready"] else EXIT_FAILED)
+
+    cfg = AgentConfig(library=library, host_root=host_root, target_dir=target_dir, interval=interval, sha256=sha256,
+                      manifest=manifest, status_file=status_file, operator=operator, watch=watch)
+    agent = Agent(cfg)
+    if do_rollback:
+        res = agent.rollback(to_sha256)
+        if as_json:
+            emit_json(res.to_dict())
+        else:
+            click.echo(f"{res.path}: {'rolled back to' if res.changed else 'already'} {res.to_sha256}", err=True)
+        return
+    if once:
+        status = agent.run(once=True)
+        if as_json:
+            emit_json(status.to_dict())
+        sys.exit(0 if status.ready else EXIT_FAILED)
+
+    server = None
+    if metrics_port is not None:
+        from ..agent.metrics import serve
+
+        server = serve(lambda: agent.status, metrics_port, metrics_addr)
+        log(f"metrics on http://{metrics_addr}:{server.server_address[1]}/metrics")
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: agent.stop())
+    try:
+        status = agent.run()
+    finally:
+        if server is not None:
+            server.shutdown()
+    if as_json:
+        emit_json(status.to_dict())
+

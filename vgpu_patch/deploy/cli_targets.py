@@ -38,6 +38,8 @@ def target_options(f: Callable) -> Callable:
                      help="Trust and record host keys seen for the first time (a changed key is always refused)."),
         click.option("--identity", "-i", "identities", multiple=True, type=click.Path(dir_okay=False),
                      help="Private key to use when the host has none configured (repeatable; the agent is tried too)."),
+        click.option("--no-sudo", is_flag=True,
+                     help="Run node commands as the login user, without sudo (it must own the library dir)."),
         click.option("--parallel", "-p", default=10, show_default=True, type=click.IntRange(1, 256),
                      help="Nodes worked on at once."),
     ]
@@ -86,7 +88,8 @@ def resolve_targets(kw: dict) -> Targets:
     def connect(spec: HostSpec) -> Transport:
         return make_transport(spec, config=config, known_hosts=kw.get("known_hosts"),
                               accept_new_host_keys=kw.get("accept_new_host_keys", False),
-                              identity=kw.get("identities") or ())
+                              identity=kw.get("identities") or (),
+                              use_sudo=False if kw.get("no_sudo") else None)
 
     return Targets(specs, connect, kw.get("target_dir") or DEFAULT_DIR)
 

@@ -102,7 +102,7 @@ D={q(real_dir)}; S="$D/{F.STATE}"; LIVE={q(live_real)}; WANT={q(want)}; FROM={q(
 UP={q(upload_real or '')}; SRC={q(source_real or '')}
 NOW=$(date -u +%Y-%m-%dT%H:%M:%SZ)
 STG="$S/staging/$WANT.so"; TMP="$D/.{name}.vgpu-patch-tmp.$$"; BTMP=""; LOCKDIR=""
-trap '' HUP
+trap '' HUP PIPE  # a dropped connection must not stop a swap half-way: finish it
 HELD=""
 cleanup() {{
   rm -f "$TMP" "$STG.part.$$" ${{BTMP:+"$BTMP"}} ${{BTMP:+"$BTMP.json"}} ${{UP:+"$UP"}}
@@ -121,6 +121,8 @@ else
   mkdir "$S/lock.d" 2>/dev/null || fail {_LOCKED} "locked"; LOCKDIR="$S/lock.d"
 fi
 HELD=1
+# temp files of a swap that was SIGKILLed: only a lock holder makes them, so any found now are orphans
+rm -f "$D"/.*.vgpu-patch-tmp.* "$S"/staging/*.part.* "$S"/backups/.*.tmp.*
 {in_lock}
 if [ -n "$UP" ]; then
   cp "$UP" "$STG.part.$$" 2>&1 && sync "$STG.part.$$" && mv -f "$STG.part.$$" "$STG" \\

@@ -31,6 +31,7 @@ class HostSpec:
     proxy_jump: str | None = None
     local_root: str | None = None  # set for --local / ansible_connection=local
     target_dir: str | None = None
+    use_sudo: bool | None = None  # None: sudo unless root; False: --no-sudo; True: ansible_become=true
 
 
 # -- --host user@node[:port] ----------------------------------------------------------------------
@@ -247,6 +248,8 @@ def _spec_from_vars(name: str, hv: dict) -> HostSpec:
     m = re.search(r"(?:-J\s*|ProxyJump[= ])([^\s'\"]+)", args)
     if m:
         spec.proxy_jump = m.group(1)
+    if str(hv.get("ansible_become", "")).lower() in ("1", "true", "yes"):
+        spec.use_sudo = True  # escalate even as root; anything else: sudo unless root
     if hv.get(TARGET_DIR_VAR):
         spec.target_dir = str(hv[TARGET_DIR_VAR])
     return spec
@@ -289,6 +292,7 @@ def make_transport(
     known_hosts: str | None = None,
     accept_new_host_keys: bool = False,
     identity: Iterable[str] = (),
+    use_sudo: bool | None = None,
 ) -> Transport:
     """A lazy transport for one node (nothing connects until the first command)."""
     if spec.local_root is not None:
@@ -314,5 +318,6 @@ def make_transport(
         key_filenames=spec.key_files or list(identity),
         jump=jump,
         name=spec.name,
+        use_sudo=use_sudo if use_sudo is not None else spec.use_sudo,
         **common,  # type: ignore[arg-type]
     )

@@ -89,7 +89,7 @@ def elf_class(c: Context) -> RuleResult:
 
 
 def elf_machine(c: Context) -> RuleResult:
-    same = f", same as the vendor's" if c.vendor else ""
+    same = ", same as the vendor's" if c.vendor else ""
     return RuleResult("elf-machine", "pass", f"{c.cand.machine} ({c.arch}){same}")
 
 

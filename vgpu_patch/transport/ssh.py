@@ -75,6 +75,7 @@ class SSHTransport(Transport):
         allow_agent: bool = True,
         name: str | None = None,
         pty_for_sudo: bool = True,
+        use_sudo: bool | None = None,
     ) -> None:
         self.hostname = hostname
         self.port = port
@@ -86,6 +87,8 @@ class SSHTransport(Transport):
         self.connect_timeout = connect_timeout
         self.allow_agent = allow_agent
         self.pty_for_sudo = pty_for_sudo
+        # None: sudo for privileged steps unless logged in as root; False: the login user does them
+        self.use_sudo = use_sudo
         self.name = name or f"{self.user}@{hostname}" + ("" if port == 22 else f":{port}")
         self._client: paramiko.SSHClient | None = None
         self._lock = threading.Lock()
@@ -157,11 +160,13 @@ class SSHTransport(Transport):
                 self._client = None
 
     # -- commands -------------------------------------------------------------------------------
-    def _is_root(self) -> bool:
-        return self.user == "root"
+    def _needs_sudo(self, sudo: bool) -> bool:
+        if not sudo or self.use_sudo is False:
+            return False
+        return self.use_sudo is True or self.user != "root"
 
     def run(self, cmd: str, *, sudo: bool = False, warn: bool = False, timeout: float | None = None) -> Result:
-        wrapped = sudo and not self._is_root()
+        wrapped = self._needs_sudo(sudo)
         full = sudo_wrap(cmd) if wrapped else cmd
         use_pty = wrapped and self.pty_for_sudo  # sudoers `requiretty` needs a terminal
         client = self._connect()

@@ -121,6 +121,8 @@ int main(int argc, char **argv)
         if (__builtin_expect(vgpu_limiter_enabled, 0)) /* exactly what the launch wrappers do */
             vgpu_limiter_before_launch((CUstream)0);
         gpu_free_at = max_ll(now_ns(), gpu_free_at) + k_ns; /* the launch */
+        if (__builtin_expect(vgpu_limiter_enabled, 0))
+            vgpu_limiter_after_launch((CUstream)0);
         if (!strcmp(mode, "sync") || !strcmp(mode, "sparse") || (i % 32 == 31))
             sleep_until(gpu_free_at);
         if (!strcmp(mode, "sparse"))

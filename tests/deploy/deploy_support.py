@@ -1,9 +1,17 @@
-"""Small helpers for the deploy tests."""
+"""Helpers for the deploy tests (a unique module name: test folders share one sys.path)."""
 from __future__ import annotations
 
 import hashlib
+import os
 import shutil
+import subprocess
 from pathlib import Path
+
+import pytest
+
+# Not root: the login user owns the test library dirs, so node commands run without sudo.
+IS_ROOT = os.geteuid() == 0
+NO_SUDO: list[str] = [] if IS_ROOT else ["--no-sudo"]
 
 
 def sha(path: Path | str) -> str:
@@ -39,3 +47,23 @@ def leftovers(d: Path) -> list[str]:
     if backups.exists():
         names += [p.name for p in backups.iterdir() if p.name.startswith(".")]
     return names
+
+
+_LIB_SRC = r"""
+#include <stddef.h>
+__attribute__((used)) static const char marker[] = "%(marker)s";
+__attribute__((used)) static const unsigned char pad[%(pad)d] = {%(fill)d};
+int vgpu_test_version(void) { return %(version)d; }
+unsigned long vgpu_test_sum(void) { unsigned long s = 0; for (size_t i = 0; i < sizeof pad; i++) s += pad[i]; return s + (unsigned long)marker[0]; }
+"""
+
+
+def build_lib(out: Path, version: int, *, ours: bool = True, pad: int = 256 * 1024, cc: str = "gcc") -> Path:
+    """A real shared object: `ours` embeds `vgpu-patch-shim 0.<version>.0` like our shim does."""
+    if shutil.which(cc) is None:
+        pytest.skip(f"{cc} not found")
+    marker = f"vgpu-patch-shim 0.{version}.0" if ours else f"vendor-vgpu build {version}"
+    src = out.with_suffix(".c")
+    src.write_text(_LIB_SRC % {"marker": marker, "pad": pad, "fill": version % 250 + 1, "version": version})
+    subprocess.run([cc, "-shared", "-fPIC", "-O1", "-o", str(out), str(src)], check=True)
+    return out

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import cli_runner
+from elfcheck_fixtures import cli_runner
 from vgpu_patch.commands.check import cli
 from vgpu_patch.elf.glibc import parse_floor
 from vgpu_patch.elfcheck import glibc_floor_of_libc

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-import libs
+import elfcheck_fixtures as libs
 from vgpu_patch.elfcheck import check_file, glibc_requirements
 
 FLAGGED = ("fail", "warn")

@@ -174,3 +174,13 @@ def zig_build(d: Path, name: str, target: str, source: str = "surface_all.c", so
 
 def have_gcc() -> bool:
     return shutil.which("gcc") is not None
+
+
+def cli_runner():
+    """A CliRunner keeping stdout and stderr apart on click 8.1 (mix_stderr) and 8.2+ (always apart)."""
+    from click.testing import CliRunner
+
+    try:
+        return CliRunner(mix_stderr=False)
+    except TypeError:
+        return CliRunner()

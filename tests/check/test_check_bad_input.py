@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import cli_runner
+from elfcheck_fixtures import cli_runner
 
 from vgpu_patch.commands.check import cli
 from vgpu_patch.elfcheck import check_file
@@ -42,7 +42,7 @@ def _make(kind: str, built: dict[str, Path], tmp: Path, request: pytest.FixtureR
     elif kind == "device":
         path = Path("/dev/null")
     elif kind == "riscv":
-        import libs
+        import elfcheck_fixtures as libs
 
         if not libs.zig_available():
             pytest.skip("ziglang is needed to cross-build a riscv64 fixture")

@@ -1,0 +1,112 @@
+#!/usr/bin/env python3
+"""GPU benchmark (run on the H200 by the lead): host cost with vs without the shim, in one run.
+
+Driver API part: bench/gpu_overhead.c against the real libcuda.so.1, alternately bare and with
+LD_PRELOAD=libvgpu.so (CUDA_DEVICE_MEMORY_LIMIT set, so accounting is active): cuLaunchKernel of an
+empty kernel in batches of 256 then a sync (host time of the launches only), cuMemAlloc+cuMemFree
+of 1 MiB, cuMemGetInfo, and 4 KiB alloc+free pairs with 10 vs 100,000 live allocations.
+PyTorch part (when torch with CUDA is installed): a decode-like loop, batch 1, 100 layers x 3
+small kernels (~300 launches a step), steps/s bare vs shim, alternating processes.
+
+Targets: launch added <= 50 ns and <= 2%; alloc+free <= 1.10x; cuMemGetInfo <= bare + 100 ns;
+decode loop >= 0.995x.
+
+    python3 bench/gpu_overhead.py [--rounds 5] [--scale 1.0] [--limit 40g]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))
+
+from shim_overhead import compile_bench, report, run_rounds  # noqa: E402
+
+from vgpu_patch.build import build_shim  # noqa: E402
+
+DECODE = r"""
+import json, sys, time, torch
+torch.manual_seed(0)
+layers = [(torch.randn(1024, 1024, device="cuda", dtype=torch.float16),
+           torch.randn(1024, device="cuda", dtype=torch.float16)) for _ in range(100)]
+x = torch.randn(1, 1024, device="cuda", dtype=torch.float16)
+
+def step(x):
+    for w, b in layers:                      # 3 kernels a layer: matmul, add, activation
+        x = torch.nn.functional.silu(x @ w + b)
+    return x
+
+for _ in range(20):
+    step(x)
+torch.cuda.synchronize()
+steps, t0 = 0, time.perf_counter()
+while time.perf_counter() - t0 < float(sys.argv[1]):
+    for _ in range(10):
+        step(x)
+    torch.cuda.synchronize()
+    steps += 10
+print(json.dumps({"steps_per_s": steps / (time.perf_counter() - t0)}))
+"""
+
+
+def torch_available() -> bool:
+    p = subprocess.run([sys.executable, "-c", "import torch; assert torch.cuda.is_available()"], capture_output=True)
+    return p.returncode == 0
+
+
+def decode_rounds(shim: Path, env: dict[str, str], rounds: int, seconds: float) -> dict[str, float]:
+    runs: dict[str, list[float]] = {"bare": [], "shim": []}
+    for _ in range(rounds):
+        for mode in ("bare", "shim"):
+            e = dict(env)
+            if mode == "shim":
+                e["LD_PRELOAD"] = str(shim)
+            p = subprocess.run([sys.executable, "-c", DECODE, str(seconds)], env=e, capture_output=True, text=True)
+            if p.returncode:
+                raise SystemExit(f"decode loop ({mode}) failed: {p.stderr.strip()[-500:]}")
+            runs[mode].append(json.loads(p.stdout.strip().splitlines()[-1])["steps_per_s"])
+    return {mode: statistics.median(v) for mode, v in runs.items()}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--scale", type=float, default=1.0)
+    ap.add_argument("--limit", default="40g", help="CUDA_DEVICE_MEMORY_LIMIT for the shim runs (default 40g)")
+    ap.add_argument("--decode-seconds", type=float, default=3.0)
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="vgpu-gpubench-") as d:
+        tmp = Path(d)
+        try:
+            shim = build_shim(tmp / "shim", compiler="gcc", glibc=None).library
+        except Exception:
+            shim = build_shim(tmp / "shim").library
+        exe = compile_bench(tmp)
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("CUDA_DEVICE_", "LD_PRELOAD"))}
+        env.update({"CUDA_DEVICE_MEMORY_LIMIT": args.limit, "CUDA_DEVICE_MEMORY_SHARED_CACHE": str(tmp / "cache")})
+        med = run_rounds(exe, shim, env, args.rounds, args.scale)
+        cmd = f"python3 bench/gpu_overhead.py --rounds {args.rounds} --scale {args.scale} --limit {args.limit}"
+        report(med, f"real GPU, {args.rounds} rounds, median ns/op (command: {cmd})")
+        added = med["shim"]["launch_ns"] - med["bare"]["launch_ns"]
+        print(f"\ntargets: launch added {added:.1f} ns (<= 50) and "
+              f"{100 * added / med['bare']['launch_ns']:.2f}% (<= 2%); "
+              f"alloc+free {med['shim']['alloc_free_ns'] / med['bare']['alloc_free_ns']:.3f}x (<= 1.10); "
+              f"cuMemGetInfo +{med['shim']['meminfo_ns'] - med['bare']['meminfo_ns']:.1f} ns (<= 100)")
+        if torch_available():
+            dec = decode_rounds(shim, env, args.rounds, args.decode_seconds)
+            print(f"\nPyTorch decode-like loop (batch 1, ~300 kernels/step), median steps/s: bare {dec['bare']:.1f}, "
+                  f"shim {dec['shim']:.1f}, ratio {dec['shim'] / dec['bare']:.4f} (>= 0.995)")
+        else:
+            print("\nPyTorch decode loop: skipped (torch with CUDA not installed)")
+
+
+if __name__ == "__main__":
+    main()

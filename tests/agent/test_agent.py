@@ -1,0 +1,158 @@
+"""The node agent against a temporary host root: install, repair, respect, rollback, refuse, report."""
+from __future__ import annotations
+
+import json
+import shutil
+import threading
+import time
+import urllib.request
+from pathlib import Path
+from typing import Callable, Iterator
+
+import pytest
+from click.testing import CliRunner
+
+from conftest import Host, Image, sha
+from vgpu_patch.agent import Agent, AgentConfig
+from vgpu_patch.commands.agent import cli
+from vgpu_patch.errors import ElfError, IntegrityError
+
+TIMEOUT = 10.0
+
+
+def args(image: Image, host: Host, *extra: str) -> list[str]:
+    return ["--library", str(image.library), "--host-root", str(host.root), "--target-dir", "/usr/local/vgpu", *extra]
+
+
+def wait_for(cond: Callable[[], bool], timeout: float = TIMEOUT) -> float:
+    start = time.monotonic()
+    while not cond():
+        if time.monotonic() - start > timeout:
+            raise AssertionError(f"condition not met within {timeout}s")
+        time.sleep(0.02)
+    return time.monotonic() - start
+
+
+def hami_copy_back(src: Path, live: Path) -> None:
+    """What HAMi's device plugin does on restart: a plain in-place cp over the live file."""
+    with open(src, "rb") as f, open(live, "r+b") as out:
+        out.truncate(0)
+        shutil.copyfileobj(f, out)
+
+
+@pytest.fixture
+def running(image: Image, host: Host, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Agent]:
+    """An agent running in a thread (watch mode from the test's `watch` marker), stopped at the end."""
+    marker = request.node.get_closest_marker("watch")
+    watch, interval = marker.args if marker else ("inotify", 30.0)
+    agent = Agent(AgentConfig(library=image.library, host_root=host.root, interval=interval, watch=watch,
+                              status_file=tmp_path / "run" / "agent.json", settle=0.05))
+    thread = threading.Thread(target=agent.run, daemon=True)
+    thread.start()
+    wait_for(lambda: agent.status.ready or agent.status.state == "error")
+    try:
+        yield agent
+    finally:
+        agent.stop()
+        thread.join(TIMEOUT)
+        assert not thread.is_alive()
+
+
+def test_once_installs_with_the_cli_protocol(image: Image, host: Host, vendor: Path, tmp_path: Path) -> None:
+    status_file = tmp_path / "status.json"
+    res = CliRunner().invoke(cli, args(image, host, "--once", "--json", "--status-file", str(status_file)))
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    assert doc["ready"] and doc["state"] == "ok" and doc["deploys"] == 1
+    assert sha(host.live) == image.sha256
+    (line,) = host.history()
+    assert (line["action"], line["tool"], line["from_sha256"], line["to_sha256"]) == ("deploy", "agent", sha(vendor), image.sha256)
+    assert line["path"] == "/usr/local/vgpu/libvgpu.so"
+    assert (host.state / "backups" / f"{sha(vendor)}.so").read_bytes() == vendor.read_bytes()
+    assert json.loads(status_file.read_text())["live_sha256"] == image.sha256
+    assert CliRunner().invoke(cli, args(image, host, "--probe")).exit_code == 0
+
+    again = CliRunner().invoke(cli, args(image, host, "--once", "--status-file", str(status_file)))
+    assert again.exit_code == 0 and len(host.history()) == 1  # nothing to do: no new record
+
+
+def test_fresh_host_gets_the_library(image: Image, host: Host) -> None:
+    host.live.unlink()
+    assert CliRunner().invoke(cli, args(image, host, "--probe")).exit_code == 1
+    res = CliRunner().invoke(cli, args(image, host, "--once", "--status-file", str(host.root / "s.json")))
+    assert res.exit_code == 0, res.output
+    assert sha(host.live) == image.sha256 and host.history()[0]["from_sha256"] is None
+
+
+@pytest.mark.watch("inotify", 30.0)
+def test_copy_back_is_reverted_at_once_with_inotify(running: Agent, image: Image, host: Host, vendor: Path) -> None:
+    assert running.status.watch == "inotify"
+    assert sha(host.live) == image.sha256
+    hami_copy_back(vendor, host.live)
+    took = wait_for(lambda: running.status.reapplies == 1 and sha(host.live) == image.sha256)
+    assert took < 5.0  # far inside the 30 s interval: the event woke the agent
+    last = host.history()[-1]
+    assert (last["action"], last["tool"], last["from_sha256"], last["to_sha256"]) == ("reapply", "agent", sha(vendor), image.sha256)
+    assert running.status.state == "ok" and running.status.ready
+
+
+@pytest.mark.watch("poll", 0.2)
+def test_copy_back_is_reverted_by_polling(running: Agent, image: Image, host: Host, vendor: Path) -> None:
+    assert running.status.watch == "poll"
+    hami_copy_back(vendor, host.live)
+    wait_for(lambda: running.status.reapplies == 1 and sha(host.live) == image.sha256)
+    # the plugin writes its versioned name as well: the agent follows the live-file rule
+    (host.libdir / "libvgpu.so.2.5.0").write_bytes(vendor.read_bytes())
+    wait_for(lambda: sha(host.libdir / "libvgpu.so.2.5.0") == image.sha256)
+    assert host.history()[-1]["path"] == "/usr/local/vgpu/libvgpu.so.2.5.0"
+
+
+@pytest.mark.watch("inotify", 30.0)
+def test_operator_rollback_is_respected(running: Agent, image: Image, host: Host, vendor: Path) -> None:
+    res = CliRunner().invoke(cli, args(image, host, "--rollback", "--json"))
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["changed"] is True
+    assert host.live.read_bytes() == vendor.read_bytes()  # byte-identical
+    wait_for(lambda: running.status.state == "yielded")
+    assert running.status.yielded_to["action"] == "rollback"
+    time.sleep(0.3)
+    assert host.live.read_bytes() == vendor.read_bytes() and running.status.reapplies == 0
+    assert CliRunner().invoke(cli, args(image, host, "--probe")).exit_code == 1
+    assert host.history()[-1]["action"] == "rollback"
+
+
+def test_sha_mismatch_is_refused(image: Image, host: Host, vendor: Path) -> None:
+    res = CliRunner().invoke(cli, args(image, host, "--once", "--sha256", "ab" * 32))
+    assert res.exit_code != 0 and isinstance(res.exception, IntegrityError)
+    assert "nothing on the host was touched" in str(res.exception)
+    (image.library.parent / "libvgpu.so.json").write_text(json.dumps({"sha256": "cd" * 32}))
+    with pytest.raises(IntegrityError, match="libvgpu.so.json expects"):
+        Agent(AgentConfig(library=image.library, host_root=host.root))
+    (image.library.parent / "libvgpu.so.json").unlink()
+    with pytest.raises(IntegrityError, match="no expected sha256"):
+        Agent(AgentConfig(library=image.library, host_root=host.root))
+    assert host.live.read_bytes() == vendor.read_bytes() and not host.state.exists()
+
+
+def test_non_elf_content_is_refused(image: Image, host: Host, vendor: Path) -> None:
+    image.library.write_bytes(b"#!/bin/sh\necho not a library\n")
+    with pytest.raises(ElfError, match="image library refused"):
+        Agent(AgentConfig(library=image.library, host_root=host.root, sha256=sha(image.library)))
+    assert host.live.read_bytes() == vendor.read_bytes() and not host.state.exists()
+
+
+@pytest.mark.watch("inotify", 30.0)
+def test_status_file_and_metrics(running: Agent, image: Image, host: Host, tmp_path: Path) -> None:
+    from vgpu_patch.agent.metrics import serve
+
+    server = serve(lambda: running.status, 0, "127.0.0.1")
+    try:
+        port = server.server_address[1]
+        body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+        assert "vgpu_patch_agent_ready 1" in body and "# TYPE vgpu_patch_agent_reapplies_total counter" in body
+        assert f'want_sha256="{image.sha256}"' in body
+        assert urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5).status == 200
+    finally:
+        server.shutdown()
+    doc = json.loads((tmp_path / "run" / "agent.json").read_text())
+    assert doc["ready"] and doc["want_sha256"] == image.sha256 and doc["watch"] == "inotify"

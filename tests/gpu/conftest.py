@@ -1,0 +1,70 @@
+"""GPU fixtures: skip cleanly unless a real NVIDIA driver is present; build the shim on that machine."""
+from __future__ import annotations
+
+import ctypes
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+
+
+def driver_present() -> str | None:
+    """None when a GPU is usable, else why not."""
+    try:
+        cuda = ctypes.CDLL("libcuda.so.1")
+    except OSError as e:
+        return f"no libcuda.so.1 ({e})"
+    n = ctypes.c_int(0)
+    if cuda.cuInit(0) != 0 or cuda.cuDeviceGetCount(ctypes.byref(n)) != 0 or n.value < 1:
+        return "libcuda.so.1 found but no usable GPU"
+    return None
+
+
+@dataclass
+class Gpu:
+    shim: Path
+    probe: Path
+    tmp: Path
+
+    def env(self, limit: str | None, preload: bool = True, **extra: str) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("CUDA_DEVICE_MEMORY_LIMIT", "LD_PRELOAD"))}
+        if preload:
+            env["LD_PRELOAD"] = str(self.shim)
+        if limit is not None:
+            env["CUDA_DEVICE_MEMORY_LIMIT"] = limit
+        env["CUDA_DEVICE_MEMORY_SHARED_CACHE"] = str(self.tmp / f"cache-{os.urandom(4).hex()}")
+        env.update(extra)
+        return env
+
+    def probe_run(self, mode: str, limit: str | None) -> dict[str, str]:
+        p = subprocess.run([str(self.probe), mode], env=self.env(limit), capture_output=True, text=True, timeout=300)
+        assert p.returncode == 0, f"probe {mode} exited {p.returncode}\n{p.stdout}\n{p.stderr}"
+        return dict(line.split("=", 1) for line in p.stdout.splitlines() if "=" in line)
+
+    def python(self, code: str, limit: str | None, preload: bool = True, timeout: float = 300):
+        return subprocess.run([sys.executable, "-c", code], env=self.env(limit, preload), capture_output=True,
+                              text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="session")
+def gpu(tmp_path_factory: pytest.TempPathFactory) -> Gpu:
+    why = driver_present()
+    if why:
+        pytest.skip(why)
+    from vgpu_patch.build import build_shim, header_dir
+
+    tmp = tmp_path_factory.mktemp("gpu")
+    try:
+        shim = build_shim(tmp / "shim", compiler="gcc", glibc=None).library
+    except Exception:  # no gcc on the GPU host: the default toolchain (zig) then
+        shim = build_shim(tmp / "shim").library
+    probe = tmp / "probe"
+    cc = os.environ.get("CC", "gcc")
+    subprocess.run([cc, "-O2", "-Wall", f"-I{header_dir()}", str(HERE / "probe.c"), "-o", str(probe), "-ldl",
+                    "-lpthread"], check=True)
+    return Gpu(shim, probe, tmp)

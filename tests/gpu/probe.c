@@ -1,0 +1,136 @@
+/* Driver API probe for the GPU tests, run under LD_PRELOAD=libvgpu.so against the real driver.
+ * Entry points come from dlopen("libcuda.so.1") + dlsym. Prints "key=value" lines.
+ *   probe limit        cuMemGetInfo / cuDeviceTotalMem, then 512 MiB allocations until refused
+ *   probe vmm          cuMemCreate (device and host-NUMA locations) + map, from a context-less thread
+ *   probe async        cuMemAllocAsync / cuMemFreeAsync on a stream, from a context-less thread */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <cuda.h>
+
+#define SYM(name) static __typeof__(&name) p_##name;
+#define LOAD(name) \
+    if (!(p_##name = (__typeof__(&name))dlsym(lib, #name))) { printf("missing=%s\n", #name); return 2; }
+#define FUNCS(X) X(cuInit) X(cuDeviceGet) X(cuDevicePrimaryCtxRetain) X(cuCtxSetCurrent) X(cuCtxGetDevice) \
+    X(cuMemGetInfo_v2) X(cuDeviceTotalMem_v2) X(cuMemAlloc_v2) X(cuMemFree_v2) X(cuMemCreate) X(cuMemRelease) \
+    X(cuMemGetAllocationGranularity) X(cuMemAddressReserve) X(cuMemAddressFree) X(cuMemMap) X(cuMemUnmap) \
+    X(cuMemSetAccess) X(cuMemAllocAsync) X(cuMemFreeAsync) X(cuStreamCreate) X(cuStreamSynchronize) \
+    X(cuMemsetD8_v2)
+FUNCS(SYM)
+
+static CUcontext ctx;
+static CUstream stream;
+static const size_t MiB = 1 << 20;
+
+static void info(const char *tag)
+{
+    size_t f = 0, t = 0;
+    CUresult rc = p_cuMemGetInfo_v2(&f, &t);
+    printf("%s_rc=%d\n%s_free=%zu\n%s_total=%zu\n", tag, rc, tag, f, tag, t);
+}
+
+static int do_limit(void)
+{
+    CUdeviceptr ptrs[4096];
+    size_t total = 0;
+    int n = 0, i;
+    CUresult rc = CUDA_SUCCESS;
+
+    info("info");
+    p_cuDeviceTotalMem_v2(&total, 0);
+    printf("device_total=%zu\n", total);
+    while (n < 4096 && (rc = p_cuMemAlloc_v2(&ptrs[n], 512 * MiB)) == CUDA_SUCCESS)
+        n++;
+    printf("allocated_512m=%d\nrefused_rc=%d\n", n, rc);
+    info("full");
+    for (i = 0; i < n; i++)
+        p_cuMemFree_v2(ptrs[i]);
+    info("freed");
+    return 0;
+}
+
+static void *vmm_thread(void *arg)
+{
+    CUmemAllocationProp prop;
+    CUmemGenericAllocationHandle h, h2;
+    CUmemAccessDesc acc;
+    CUdeviceptr va;
+    size_t gran = 0, size;
+    CUdevice d;
+    (void)arg;
+
+    printf("thread_ctx_rc=%d\n", p_cuCtxGetDevice(&d));
+    memset(&prop, 0, sizeof prop);
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = 0;
+    printf("gran_rc=%d\n", p_cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+    size = ((3 * 1024 * MiB) + gran - 1) / gran * gran;
+    printf("create_rc=%d\n", p_cuMemCreate(&h, size, &prop, 0));
+    printf("create_over_rc=%d\n", p_cuMemCreate(&h2, size, &prop, 0)); /* 6 GiB > 4 GiB */
+    printf("reserve_rc=%d\n", p_cuMemAddressReserve(&va, size, 0, 0, 0));
+    printf("map_rc=%d\n", p_cuMemMap(va, size, 0, h, 0));
+    acc.location = prop.location;
+    acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    printf("access_rc=%d\n", p_cuMemSetAccess(va, size, &acc, 1));
+    printf("unmap_rc=%d\n", p_cuMemUnmap(va, size));
+    p_cuMemAddressFree(va, size);
+    printf("release_rc=%d\n", p_cuMemRelease(h));
+    prop.location.type = CU_MEM_LOCATION_TYPE_HOST_NUMA; /* not device memory: never charged */
+    prop.location.id = 0;
+    printf("numa_create_rc=%d\n", p_cuMemCreate(&h2, 2 * MiB, &prop, 0));
+    return NULL;
+}
+
+static void *async_thread(void *arg)
+{
+    CUdeviceptr a, b;
+    CUdevice d;
+    (void)arg;
+
+    printf("thread_ctx_rc=%d\n", p_cuCtxGetDevice(&d));
+    printf("async_rc=%d\n", p_cuMemAllocAsync(&a, 3 * 1024 * MiB, stream));
+    printf("async_over_rc=%d\n", p_cuMemAllocAsync(&b, 3 * 1024 * MiB, stream));
+    printf("free_async_rc=%d\n", p_cuMemFreeAsync(a, stream));
+    printf("sync_rc=%d\n", p_cuStreamSynchronize(stream));
+    printf("async_again_rc=%d\n", p_cuMemAllocAsync(&b, 3 * 1024 * MiB, stream));
+    p_cuMemFreeAsync(b, stream);
+    p_cuStreamSynchronize(stream);
+    return NULL;
+}
+
+int main(int argc, char **argv)
+{
+    void *lib = dlopen("libcuda.so.1", RTLD_NOW);
+    CUdevice dev;
+    pthread_t t;
+
+    if (!lib || argc < 2) {
+        printf("error=no libcuda or no mode\n");
+        return 2;
+    }
+    FUNCS(LOAD)
+    printf("init_rc=%d\n", p_cuInit(0));
+    p_cuDeviceGet(&dev, 0);
+    p_cuDevicePrimaryCtxRetain(&ctx, dev);
+    p_cuCtxSetCurrent(ctx);
+    if (!strcmp(argv[1], "limit"))
+        return do_limit();
+    if (!strcmp(argv[1], "vmm")) {
+        pthread_create(&t, NULL, vmm_thread, NULL);
+        pthread_join(t, NULL);
+        info("after");
+        return 0;
+    }
+    if (!strcmp(argv[1], "async")) {
+        p_cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING);
+        pthread_create(&t, NULL, async_thread, NULL);
+        pthread_join(t, NULL);
+        info("after");
+        return 0;
+    }
+    return 2;
+}

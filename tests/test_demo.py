@@ -1,0 +1,30 @@
+"""The README's first command works end to end: build, check, deploy, status, rollback on a fake node."""
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+
+def _sha(p: Path) -> str:
+    return hashlib.sha256(p.read_bytes()).hexdigest()
+
+
+def test_demo_round_trip(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "vgpu_patch.cli", "demo", "--workdir", str(tmp_path)],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    live = tmp_path / "node/usr/local/vgpu/libvgpu.so"
+    state = tmp_path / "node/usr/local/vgpu/.vgpu-patch"
+    backups = list((state / "backups").glob("*.so"))
+    # rolled back: the live file is the vendor stand-in again, byte for byte, and the history says so
+    assert len(backups) == 1 and _sha(live) == backups[0].stem
+    assert live.read_bytes() == backups[0].read_bytes()
+    history = (state / "history.jsonl").read_text().splitlines()
+    assert [json.loads(h)["action"] for h in history] == ["deploy", "rollback"]
+    for step in ("build", "check", "deploy", "status", "rollback"):
+        assert f"$ vgpu-patch {step}" in proc.stderr

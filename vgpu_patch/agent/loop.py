@@ -1,0 +1,218 @@
+"""The agent's loop: install the image's library, then watch and repair with the CLI's swap protocol.
+
+Rules (docs/fleet.md):
+- At start (and with --once) the live file is made the image's library: history action `deploy`, or
+  `reapply` when the newest record already named it (an unrecorded writer replaced it since).
+- While running, a replacement that no tool recorded (HAMi's device plugin copying its file back) is
+  reverted (`reapply`). A replacement that *was* recorded (an operator's `vgpu-patch rollback`, a CLI or
+  Ansible deploy) is respected: the agent stops enforcing ("yielded", not ready) until it restarts.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..deploy import facts as F
+from ..deploy.swap import SwapResult, deploy_file, rollback
+from ..errors import VgpuPatchError
+from ..transport.local import LocalTransport
+from .image import ImageLibrary, expected_sha256, verify_image
+from .status import AgentStatus, utc_now, write_status
+from .watcher import PollWatcher, make_watcher, relevant
+
+TOOL = "agent"
+
+
+def log(msg: str) -> None:
+    print(f"{utc_now()} vgpu-patch agent: {msg}", file=sys.stderr, flush=True)
+
+
+def default_operator() -> str:
+    # NODE_NAME comes from the DaemonSet's downward API; the pod's hostname is the pod name.
+    return f"agent@{os.environ.get('NODE_NAME') or socket.gethostname()}"
+
+
+@dataclass
+class AgentConfig:
+    library: Path
+    host_root: Path = Path("/host")
+    target_dir: str = "/usr/local/vgpu"
+    interval: float = 10.0
+    sha256: str | None = None
+    manifest: Path | None = None
+    status_file: Path | None = None
+    operator: str = ""
+    watch: str = "auto"  # auto | inotify | poll
+    settle: float = 0.3  # wait for another writer to finish before judging its file
+
+
+class Agent:
+    def __init__(self, cfg: AgentConfig) -> None:
+        self.cfg = cfg
+        self.image: ImageLibrary = verify_image(cfg.library, sha256=cfg.sha256, manifest=cfg.manifest)
+        self.operator = cfg.operator or default_operator()
+        self.t = LocalTransport(cfg.host_root, name=self.operator.split("@", 1)[-1])
+        self.dir = cfg.target_dir.rstrip("/") or "/"
+        self.host_dir = Path(self.t.path(self.dir))
+        self.status = AgentStatus(
+            node=self.t.name, library=str(cfg.library), want_sha256=self.image.sha256, target_dir=self.dir
+        )
+        self._stop = threading.Event()
+        self._watcher: PollWatcher | None = None
+        self._good_sig: tuple | None = None
+
+    # -- one pass ---------------------------------------------------------------------------------
+    def signature(self) -> tuple | None:
+        """(name, inode, size, mtime) of the library files: unchanged means nothing to re-hash."""
+        try:
+            with os.scandir(self.host_dir) as it:
+                entries = sorted(
+                    (e.name, st.st_ino, st.st_size, st.st_mtime_ns)
+                    for e in it
+                    if relevant(e.name) and not e.is_dir(follow_symlinks=False)
+                    for st in [e.stat(follow_symlinks=False)]
+                )
+        except FileNotFoundError:
+            return None
+        return tuple(entries)
+
+    def ensure(self, *, startup: bool) -> str:
+        """Look at the live file and act; returns ok | deploy | reapply | yielded."""
+        s = self.status
+        sig = self.signature()
+        facts = F.gather(self.t, self.dir, history=5, maps=False)
+        live = F.choose_live(facts, self.t.name)
+        s.checks += 1
+        s.last_check, s.last_check_unix = utc_now(), time.time()
+        s.live_path, s.live_sha256 = (live.path, live.sha256) if live else (None, None)
+        if live is not None and live.sha256 == self.image.sha256:
+            if s.state != "yielded":
+                s.state = "ok"
+            self._good_sig = sig
+            return "ok"
+        last = facts.history[-1] if facts.history else None
+        if not startup and s.state == "yielded":
+            return "yielded"
+        if not startup and live is not None and last and last.get("to_sha256") == live.sha256:
+            s.state, s.yielded_to = "yielded", last
+            log(
+                f"{live.path} was changed to {live.sha256[:12]} by {last.get('tool')} ({last.get('operator')}, "
+                f"{last.get('action')}): respecting it and no longer enforcing; restart the agent to enforce again"
+            )
+            return "yielded"
+        action = "reapply" if last and last.get("to_sha256") == self.image.sha256 else "deploy"
+        res = deploy_file(
+            self.t, self.image.path, self.dir, operator=self.operator, tool=TOOL, install=True, action=action
+        )
+        self._record(res, action)
+        return action if res.changed else "ok"
+
+    def _record(self, res: SwapResult, action: str) -> None:
+        s = self.status
+        s.live_path, s.live_sha256 = res.path, res.to_sha256
+        s.state = "ok"
+        self._good_sig = self.signature()
+        if not res.changed:
+            return
+        if action == "reapply":
+            s.reapplies += 1
+        else:
+            s.deploys += 1
+        s.last_change = {"time": utc_now(), "action": action, "path": res.path, "from_sha256": res.from_sha256,
+                         "to_sha256": res.to_sha256, "backup": res.backup}
+        old = (res.from_sha256 or "nothing")[:12]
+        log(f"{action}: {res.path} {old} -> {res.to_sha256[:12]}"
+            + (f"; pids still on the old file until restart: {res.stale_pids}" if res.stale_pids else ""))
+
+    def step(self, *, startup: bool = False, raise_errors: bool = False) -> str:
+        """ensure() with errors recorded in the status instead of ending the agent; writes the status file."""
+        try:
+            did = self.ensure(startup=startup)
+            self.status.last_error = None
+        except VgpuPatchError as e:
+            self.status.errors += 1
+            self.status.state, self.status.last_error = "error", str(e)
+            log(f"error: {e}")
+            if raise_errors:
+                raise
+            did = "error"
+        finally:
+            self.write_status()
+        return did
+
+    def write_status(self) -> None:
+        if self.cfg.status_file:
+            try:
+                write_status(self.cfg.status_file, self.status)
+            except OSError as e:
+                log(f"cannot write status file {self.cfg.status_file}: {e.strerror or e}")
+
+    # -- the loop ---------------------------------------------------------------------------------
+    def _settled(self) -> None:
+        """Wait until the directory stops changing (a writer mid-copy), at most ~20 settle periods."""
+        prev = self.signature()
+        for _ in range(20):
+            if self._stop.wait(self.cfg.settle):
+                return
+            cur = self.signature()
+            if cur == prev:
+                return
+            prev = cur
+
+    def run(self, *, once: bool = False) -> AgentStatus:
+        """Install, then (unless `once`) watch and repair until stop() is called."""
+        if once:
+            self.status.watch = "once"
+            self.step(startup=True, raise_errors=True)
+            return self.status
+        self._watcher = make_watcher(self.host_dir, self.cfg.watch)
+        self.status.watch = self._watcher.kind
+        log(f"watching {self.host_dir} ({self._watcher.kind}, re-check every {self.cfg.interval:g}s); "
+            f"image library {self.image.sha256[:12]} ({self.image.version or 'foreign build'})")
+        try:
+            self.step(startup=True)
+            startup = self.status.state == "error"  # keep trying the install until it has succeeded once
+            while not self._stop.is_set():
+                self._watcher.wait(self.cfg.interval)
+                if self._stop.is_set():
+                    break
+                if not startup and self.signature() == self._good_sig and self.status.state == "ok":
+                    self.status.checks += 1
+                    self.status.last_check, self.status.last_check_unix = utc_now(), time.time()
+                    continue
+                self._settled()
+                self.step(startup=startup)
+                startup = startup and self.status.state == "error"
+        finally:
+            self._watcher.close()
+        return self.status
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._watcher is not None:
+            self._watcher.wake()
+
+    # -- operator actions ---------------------------------------------------------------------------
+    def rollback(self, to_sha256: str | None = None) -> SwapResult:
+        return rollback(self.t, self.dir, to_sha256=to_sha256, operator=self.operator, tool=TOOL)
+
+
+def probe(library: Path, host_root: Path, target_dir: str, *, sha256: str | None = None,
+          manifest: Path | None = None) -> dict:
+    """Readiness: is the live file the image's library? Cheap (no ELF parsing), read-only."""
+    try:
+        want, _ = expected_sha256(library, sha256, manifest)
+    except VgpuPatchError:
+        from ..deploy.candidate import sha256_file
+
+        want = sha256_file(library)  # no manifest: the library itself is the reference
+    t = LocalTransport(host_root, name="probe")
+    facts = F.gather(t, target_dir.rstrip("/") or "/", history=1, maps=False)
+    live = F.choose_live(facts, t.name)
+    return {"ready": bool(live and live.sha256 == want), "live_path": live.path if live else None,
+            "live_sha256": live.sha256 if live else None, "want_sha256": want}

@@ -1,0 +1,68 @@
+"""`vgpu-patch demo`: the whole job on a fake local node, printing each real command as it runs."""
+from __future__ import annotations
+
+import shlex
+import tempfile
+from pathlib import Path
+
+import click
+
+from ..demo import prepare_node
+from ..errors import EXIT_OK, VgpuPatchError
+
+EPILOG = """\b
+Examples:
+  vgpu-patch demo                       # in a fresh temporary directory
+  vgpu-patch demo --workdir /tmp/vgpu-demo
+\b
+Runs, in order: build, check, deploy --local NODE, status --local NODE, rollback --local NODE --yes,
+status --local NODE. NODE is a fake node root whose /usr/local/vgpu/libvgpu.so starts as a stand-in
+for the vendor library. Exit code: 0 when every step succeeded, else the failing step's code.
+"""
+
+
+def _step(args: list[str]) -> int:
+    from ..cli import cli  # late: cli imports this module through its command table
+
+    click.secho(f"\n$ vgpu-patch {' '.join(shlex.quote(a) for a in args)}", bold=True, err=True)
+    try:
+        rv = cli.main(args, prog_name="vgpu-patch", standalone_mode=False)
+    except click.exceptions.Exit as e:
+        return e.exit_code
+    except click.ClickException as e:
+        e.show()
+        return e.exit_code
+    except VgpuPatchError as e:
+        click.echo(f"vgpu-patch: error: {e}", err=True)
+        return e.exit_code
+    return rv if isinstance(rv, int) else EXIT_OK
+
+
+@click.command("demo", epilog=EPILOG)
+@click.option("--workdir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Where to put out/ and node/ [default: a new temporary directory].")
+@click.option("--compiler", default=None, metavar="zig|gcc|PATH", help="Passed to `build`.")
+def cli(workdir: Path | None, compiler: str | None) -> None:
+    """Build the shim, check it, deploy it to a fake local node, show status, roll back.
+
+    Example: vgpu-patch demo --workdir /tmp/vgpu-demo
+    """
+    work = Path(workdir or tempfile.mkdtemp(prefix="vgpu-demo-")).resolve()
+    out, node = work / "out", work / "node"
+    live = prepare_node(node, compiler=compiler)
+    click.echo(f"demo workdir {work}; fake node root {node}; vendor stand-in at {live}", err=True)
+    lib = str(out / "libvgpu.so")
+    build = ["build", "-o", str(out)] + (["--compiler", compiler] if compiler else [])
+    steps = [
+        build,
+        ["check", lib],
+        ["deploy", "--local", str(node), lib],
+        ["status", "--local", str(node)],
+        ["rollback", "--local", str(node), "--yes"],
+        ["status", "--local", str(node)],
+    ]
+    for args in steps:
+        code = _step(args)
+        if code != EXIT_OK:
+            raise click.exceptions.Exit(code)
+    click.secho(f"\ndemo finished: the node is back on the vendor stand-in; files kept in {work}", err=True)
