@@ -100,6 +100,9 @@ def main() -> None:
         cfg = ssh_config_file(servers, base / "ssh_config")
         old, new = build(base / "old.so", 1, args.size_kib), build(base / "new.so", 2, args.size_kib)
         print(f"library {new.stat().st_size // 1024} KiB")
+        warm = [base / "lib" / "warmup"]
+        reset(warm, old)
+        print(f"warm-up (first connection, lazy imports, crypto init): {ours(servers[:1], warm, new, kh, 1):.2f}s")
         print(f"{'nodes':>5} {'parallel':>8} {'ours s':>8} {'naive s':>8} {'naive/ours':>10} {'ours/node ms':>12}")
         for n in counts:
             dirs = [base / "lib" / str(i) for i in range(n)]

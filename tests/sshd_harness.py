@@ -17,13 +17,17 @@ stable; add to it, never rename.
         node.rotate_host_key()                      # restart on the same port with a new host key
         node.kill_sessions()                        # SIGKILL every live connection (the listener stays)
         node.kill_sessions(children=False)          # only the sshd processes: the remote commands run on
-        node.stop()
+        node.target                                 # "user@127.0.0.1:port" (the --host form)
+        node.host_key_line                          # "[127.0.0.1]:port ssh-ed25519 AAAA..." (known_hosts form)
+        node.inventory_vars()                       # "ansible_host=... ansible_port=... ansible_user=... ..."
+        node.dir, node.log_path                     # its tmp dir; sshd's own log (-e, LogLevel VERBOSE)
+        node.stop()                                 # also kills live sessions; start() brings it back
 
     SSHD(dir, user="vgpudeploy", create_user=True, sudo=True, requiretty=True)
         As root only: creates the unix user (`useradd -m`, account unlocked for key login), adds
         `/etc/sudoers.d/vgpu-patch-test-<user>` allowing `NOPASSWD` exactly /bin/sh and /usr/bin/sh
         (the tool runs every privileged step as `sudo -n sh -c SCRIPT`), optionally with `requiretty`.
-        sudo=False writes no rule (to test a refused sudo). Raises `HarnessUnavailable` when not root;
+        sudo=False removes any such rule (to test a refused sudo). The user's shell is /bin/sh. Raises `HarnessUnavailable` when not root;
         `require_root()` turns that into a pytest skip.
     SSHD(dir, client_key=other.key_path)            # reuse one client key across a fleet (fast, one agent)
 
@@ -31,6 +35,8 @@ Module helpers for fleets: `inventory_ini(servers, path, group="gpu")`, `invento
 `known_hosts_file(servers, path)`, `ssh_config_file(servers, path)`, `start_many(n, base_dir, **kw)`.
 
 Needs /usr/sbin/sshd and ssh-keygen. Root is not required for a server logging in the current user.
+authorized_keys lives in its own world-readable tmp dir (sshd reads it as the login user, and
+pytest's tmp dirs are 0700). Users and sudoers rules are left in place at exit (shared by sessions).
 """
 from __future__ import annotations
 

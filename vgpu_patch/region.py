@@ -79,6 +79,7 @@ class ProcSlot:
     used: list[int]  # used[d].total, bytes
     sm_util: list[int]
     starttime: int  # our shim's owner start time (slot unused[0]); 0 when written by the vendor
+    pid_ns: int = 0  # our shim's owner pid-namespace inode (slot unused[1]); 0 from the vendor
 
     @property
     def status_name(self) -> str:
@@ -155,7 +156,7 @@ def _decode_slot(buf: bytes, i: int) -> ProcSlot:
     util_base = base + SLOT_FIELDS["device_util"][0]
     used = [_get(buf, used_base + d * MEMORY_SIZE + MEMORY_FIELDS["total"], "<Q") for d in range(MAX_DEVICES)]
     sm = [_get(buf, util_base + d * UTIL_SIZE + UTIL_FIELDS["sm_util"], "<Q") for d in range(MAX_DEVICES)]
-    return ProcSlot(i, s["pid"], s["hostpid"], s["status"], s["seqlock"], used, sm, s["unused"][0])
+    return ProcSlot(i, s["pid"], s["hostpid"], s["status"], s["seqlock"], used, sm, s["unused"][0], s["unused"][1])
 
 
 def decode(buf: bytes, path: str = "<bytes>") -> Region:
@@ -220,6 +221,7 @@ class SlotSpec:
     hostpid: int = 0
     sm_util: dict[int, int] = field(default_factory=dict)
     starttime: int = 0
+    pid_ns: int = 0
 
 
 def encode(
@@ -267,7 +269,7 @@ def encode(
         for d, u in spec.sm_util.items():
             put(base + SLOT_FIELDS["device_util"][0] + d * UTIL_SIZE + UTIL_FIELDS["sm_util"], "<Q", u)
         put(base + SLOT_FIELDS["status"][0], "<i", spec.status)
-        put(base + SLOT_FIELDS["unused"][0], "<Q", spec.starttime)
+        put(base + SLOT_FIELDS["unused"][0], "<QQ", spec.starttime, spec.pid_ns)
     put(REGION_FIELDS["proc_num"][0], "<i", len(procs or []))
     put(REGION_FIELDS["utilization_switch"][0], "<i", utilization_switch)
     put(REGION_FIELDS["recent_kernel"][0], "<i", recent_kernel)

@@ -36,6 +36,20 @@ def parse_hooks(path: Path = HOOKS_DEF) -> list[Hook]:
     return hooks
 
 
+# PTSZ(variant, base): per-thread-stream variants we wrap but never export
+_PTSZ_RE = re.compile(r"^\s*PTSZ\(\s*(\w+)\s*,\s*(\w+)\s*\)")
+
+
+def wrapped_variants(path: Path = HOOKS_DEF) -> dict[str, str]:
+    """variant -> base for every PTSZ(...) line: handed out by cuGetProcAddress/dlsym only."""
+    out = {}
+    for line in path.read_text().splitlines():
+        m = _PTSZ_RE.match(line)
+        if m:
+            out[m.group(1)] = m.group(2)
+    return out
+
+
 def exported_names(path: Path = HOOKS_DEF) -> list[str]:
     """The names our shim must export, sorted."""
     return sorted(h.name for h in parse_hooks(path))

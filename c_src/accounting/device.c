@@ -110,13 +110,18 @@ VGPU_HIDDEN int vgpu_dev_from_pool(CUmemoryPool pool, CUstream stream)
     int type = 0, id = -1, dev;
     uint64_t unused;
 
-    /* the pool's own location (CUDA 13 attributes), else what we saw at its creation */
-    if (pool && REAL(cuMemPoolGetAttribute)(pool, CU_MEMPOOL_ATTR_LOCATION_TYPE, &type) == CUDA_SUCCESS &&
+    if (!pool)
+        return vgpu_dev_from_stream(stream);
+    /* pools we saw created (or asked for) are in the table: no driver call on the hot path */
+    if (vgpu_table_get((uint64_t)(uintptr_t)pool, VGPU_K_POOL, &dev, &unused))
+        return dev;
+    /* an imported pool: its own location (CUDA 13 attributes), remembered for next time */
+    if (REAL(cuMemPoolGetAttribute)(pool, CU_MEMPOOL_ATTR_LOCATION_TYPE, &type) == CUDA_SUCCESS &&
         REAL(cuMemPoolGetAttribute)(pool, CU_MEMPOOL_ATTR_LOCATION_ID, &id) == CUDA_SUCCESS) {
         CUmemLocation loc = {.type = (CUmemLocationType)type, .id = id};
-        return vgpu_dev_from_location(&loc);
-    }
-    if (pool && vgpu_table_get((uint64_t)(uintptr_t)pool, VGPU_K_POOL, &dev, &unused))
+        dev = vgpu_dev_from_location(&loc);
+        vgpu_table_put((uint64_t)(uintptr_t)pool, VGPU_K_POOL, dev, 0);
         return dev;
+    }
     return vgpu_dev_from_stream(stream);
 }

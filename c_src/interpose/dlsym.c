@@ -7,14 +7,22 @@
 
 #include "interpose/real.h"
 #include "interpose/wrapped.h"
+#include "log/log.h"
 
+/* the object containing addr; like glibc, code outside every object (JIT) counts as the main program */
 static struct link_map *map_of(const void *addr)
 {
     Dl_info info;
     struct link_map *lm = NULL;
+    void *main_handle;
 
-    if (!dladdr1(addr, &info, (void **)&lm, RTLD_DL_LINKMAP))
-        return NULL;
+    if (dladdr1(addr, &info, (void **)&lm, RTLD_DL_LINKMAP) && lm)
+        return lm;
+    main_handle = dlopen(NULL, RTLD_LAZY | RTLD_NOLOAD);
+    if (!main_handle || dlinfo(main_handle, RTLD_DI_LINKMAP, &lm) != 0)
+        lm = NULL;
+    if (main_handle)
+        dlclose(main_handle);
     return lm;
 }
 
@@ -46,6 +54,26 @@ static void *next_after(const void *caller, const char *name)
     return NULL;
 }
 
+/* RTLD_DEFAULT as libc resolves it for the caller: the global scope, then the caller's own local
+ * scope (a library dlopen'ed RTLD_LOCAL sees its dependencies); libc would use OUR scope instead */
+static void *default_for(const void *caller, const char *name)
+{
+    void *p = vgpu_real_dlsym(RTLD_DEFAULT, name), *h;
+    struct link_map *self;
+
+    if (p)
+        return p;
+    self = map_of(caller);
+    if (!self || !self->l_name || !self->l_name[0])
+        return NULL; /* the main program's local scope is the global scope */
+    h = dlopen(self->l_name, RTLD_NOLOAD | RTLD_LAZY);
+    if (!h)
+        return NULL;
+    p = vgpu_real_dlsym(h, name);
+    dlclose(h);
+    return p;
+}
+
 VGPU_EXPORT void *dlsym(void *restrict handle, const char *restrict symbol)
 {
     const char *name = symbol;
@@ -56,9 +84,13 @@ VGPU_EXPORT void *dlsym(void *restrict handle, const char *restrict symbol)
         return vgpu_real_dlsym(handle, symbol);
     if (handle == RTLD_NEXT)
         p = next_after(__builtin_return_address(0), name);
+    else if (handle == RTLD_DEFAULT)
+        p = default_for(__builtin_return_address(0), name);
     else
         p = vgpu_real_dlsym(handle, name);
     w = p ? vgpu_wrapper_by_name(name) : NULL;
+    if (VGPU_UNLIKELY(vgpu_debug_dlsym))
+        vgpu_log(VGPU_LOG_ERROR, "dlsym(%p, %s) -> %p%s", handle, name, w ? w : p, w ? " (our wrapper)" : "");
     return w ? w : p;
 }
 /* dlfcn.h gives dlsym nothrow/leaf attributes the hidden alias need not repeat */

@@ -6,6 +6,17 @@
 
 #include "interpose/real.h"
 #include "interpose/wrapped.h"
+#include "log/log.h"
+
+static void *answer(const char *symbol, void *p, int version, cuuint64_t flags)
+{
+    void *w = vgpu_swap_for_wrapper(p);
+
+    if (VGPU_UNLIKELY(vgpu_debug_dlsym))
+        vgpu_log(VGPU_LOG_ERROR, "cuGetProcAddress(%s, %d, %#llx) -> %p%s", symbol ? symbol : "(null)", version,
+                 (unsigned long long)flags, w, w != p ? " (our wrapper)" : "");
+    return w;
+}
 
 VGPU_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,
                                          CUdriverProcAddressQueryResult *symbolStatus)
@@ -14,7 +25,7 @@ VGPU_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cud
     CUresult rc = real(symbol, pfn, cudaVersion, flags, symbolStatus);
 
     if (rc == CUDA_SUCCESS && pfn)
-        *pfn = vgpu_swap_for_wrapper(*pfn);
+        *pfn = answer(symbol, *pfn, cudaVersion, flags);
     return rc;
 }
 VGPU_OWN_ALIAS(cuGetProcAddress_v2)
@@ -26,7 +37,7 @@ VGPU_EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVe
     CUresult rc = real(symbol, pfn, cudaVersion, flags);
 
     if (rc == CUDA_SUCCESS && pfn)
-        *pfn = vgpu_swap_for_wrapper(*pfn);
+        *pfn = answer(symbol, *pfn, cudaVersion, flags);
     return rc;
 }
 VGPU_OWN_ALIAS(cuGetProcAddress)

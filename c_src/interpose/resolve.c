@@ -12,6 +12,7 @@
 
 #include "accounting/table.h"
 #include "interpose/real.h"
+#include "interpose/wrapped.h"
 #include "limits/limits.h"
 #include "log/log.h"
 
@@ -127,6 +128,18 @@ VGPU_HIDDEN void *vgpu_resolve(const char *name, int lib, int mandatory)
     return p;
 }
 
+/* name is one of the comma-separated entries of list */
+static int listed(const char *list, const char *name)
+{
+    size_t n = strlen(name);
+    const char *p;
+
+    for (p = list; (p = strstr(p, name)) != NULL; p += n)
+        if ((p == list || p[-1] == ',') && (p[n] == ',' || p[n] == '\0'))
+            return 1;
+    return 0;
+}
+
 static void fill_slots(int lib)
 {
     int i;
@@ -136,7 +149,7 @@ static void fill_slots(int lib)
         void *p = NULL;
         if (hook_lib[i] != lib)
             continue;
-        if (!skip || !strstr(skip, hook_name[i]))
+        if (!skip || !listed(skip, hook_name[i]))
             p = vgpu_resolve(hook_name[i], lib, 0);
         __atomic_store_n(&vgpu_real[i], p ? p : not_found_stub(lib), __ATOMIC_RELEASE);
     }
@@ -145,6 +158,11 @@ static void fill_slots(int lib)
             void *p = vgpu_resolve(var_name[i], lib, 0);
             __atomic_store_n(&vgpu_real_var[i], p ? p : not_found_stub(lib), __ATOMIC_RELEASE);
         }
+}
+
+static void *cuda_lookup(const char *name)
+{
+    return vgpu_resolve(name, VGPU_LIB_CUDA, 0);
 }
 
 static void open_lib(int lib, const char *soname)
@@ -157,6 +175,8 @@ static void open_lib(int lib, const char *soname)
     if (!h)
         VGPU_INFO("cannot open %s: %s", soname, dlerror());
     __atomic_store_n(&lib_handle[lib], h, __ATOMIC_RELEASE);
+    if (h && lib == VGPU_LIB_CUDA)
+        vgpu_learn_driver_aliases(cuda_lookup); /* before the slots publish them to other threads */
     fill_slots(lib);
 }
 
@@ -222,9 +242,15 @@ static void atfork_child(void)
     vgpu_table_atfork_child();
 }
 
+/* VGPU_DEBUG_DLSYM=1: log every dlsym / cuGetProcAddress answer (field debugging, any build) */
+VGPU_HIDDEN int vgpu_debug_dlsym;
+
 /* Reads the environment only: no CUDA, no dlopen, no umask, no signal handlers. */
 __attribute__((constructor)) static void vgpu_ctor(void)
 {
+    const char *dbg = getenv("VGPU_DEBUG_DLSYM");
+
+    vgpu_debug_dlsym = dbg && dbg[0] == '1';
     vgpu_log_init_from_env();
     vgpu_limits_load_env();
     pthread_atfork(atfork_prepare, atfork_parent, atfork_child);

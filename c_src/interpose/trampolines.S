@@ -10,6 +10,14 @@
 #define HOOK_STUB(name)
 
 #if defined(__x86_64__)
+#define NOBITS @nobits
+#define PROGBITS @progbits
+#elif defined(__aarch64__)
+#define NOBITS %nobits
+#define PROGBITS %progbits
+#endif
+
+#if defined(__x86_64__)
 
 #define HOOK_PASS(name) \
     .text ; .p2align 4 ; .globl name ; .type name, @function ; \
@@ -22,9 +30,9 @@ name: ; \
     jmp vgpu_pass_slow ; \
     .size name, . - name ;
 
-#define VGPU_SLOT(name) .pushsection .bss.vgpu_real, "aw", @nobits ; .Lslot_##name: .zero 8 ; .popsection ;
+#define VGPU_SLOT(name) .pushsection .bss.vgpu_real, "aw", NOBITS ; .Lslot_##name: .zero 8 ; .popsection ;
 
-    .pushsection .bss.vgpu_real, "aw", @nobits
+    .pushsection .bss.vgpu_real, "aw", NOBITS
     .p2align 6
     .globl vgpu_real
     .hidden vgpu_real
@@ -90,9 +98,9 @@ name: ; \
     b vgpu_pass_slow ; \
     .size name, . - name ;
 
-#define VGPU_SLOT(name) .pushsection .bss.vgpu_real, "aw", %nobits ; .Lslot_##name: .zero 8 ; .popsection ;
+#define VGPU_SLOT(name) .pushsection .bss.vgpu_real, "aw", NOBITS ; .Lslot_##name: .zero 8 ; .popsection ;
 
-    .pushsection .bss.vgpu_real, "aw", %nobits
+    .pushsection .bss.vgpu_real, "aw", NOBITS
     .p2align 6
     .globl vgpu_real
     .hidden vgpu_real
@@ -139,8 +147,8 @@ vgpu_pass_slow:
     .set .Lvgpu_idx, 0
 #include "interpose/hooks.def"
 
-    .pushsection .bss.vgpu_real, "aw", @nobits
+    .pushsection .bss.vgpu_real, "aw", NOBITS
     .size vgpu_real, . - vgpu_real
     .popsection
 
-    .section .note.GNU-stack, "", @progbits
+    .section .note.GNU-stack, "", PROGBITS

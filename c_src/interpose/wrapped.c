@@ -2,7 +2,10 @@
  * functions out indirectly: cuGetProcAddress(_v2) and dlsym. Kept apart from the wrappers so
  * their hidden aliases can be declared here with one generic type. */
 #include <stddef.h>
+#include <stdlib.h>
 #include <string.h>
+
+#include <cuda.h>
 
 #include "interpose/real.h"
 #include "interpose/wrapped.h"
@@ -38,6 +41,87 @@ static void *real_of(const struct wrapped *w)
     return w->idx >= 0 ? vgpu_real_fn(w->idx) : vgpu_var_fn(-1 - w->idx);
 }
 
+/* What the driver's cuGetProcAddress hands out for an entry when that is not the exported
+ * address dlsym gives (learnt once at init; NULL in the usual case where both agree). */
+static void *alias[NWRAPPED];
+
+/* "cuMemAlloc_v2" -> ("cuMemAlloc", version 2, per-thread 0); "cuLaunchKernel_ptsz" -> (.., 1, 1) */
+static void split_name(const char *name, char *base, size_t n, int *version, int *ptsz)
+{
+    size_t len = strlen(name);
+    const char *u;
+
+    *version = 1;
+    *ptsz = 0;
+    if (len > 5 && strcmp(name + len - 5, "_ptsz") == 0) {
+        *ptsz = 1;
+        len -= 5;
+    }
+    for (u = name + len; u > name && u[-1] >= '0' && u[-1] <= '9'; u--)
+        ;
+    if (u > name + 2 && u < name + len && u[-1] == 'v' && u[-2] == '_') {
+        *version = atoi(u);
+        len = (size_t)(u - 2 - name);
+    }
+    if (len >= n)
+        len = n - 1;
+    memcpy(base, name, len);
+    base[len] = '\0';
+}
+
+/* an older ABI of a name we also wrap in a newer version (cuGetProcAddress vs _v2): the driver's
+ * answer for the base name belongs to the newer one */
+static int superseded(size_t i, const char *base, int version, int ptsz)
+{
+    char b[128];
+    int v, p;
+    size_t j;
+
+    for (j = 0; j < NWRAPPED; j++) {
+        if (j == i || wrapped[j].lib != VGPU_LIB_CUDA)
+            continue;
+        split_name(wrapped[j].name, b, sizeof b, &v, &p);
+        if (p == ptsz && v > version && strcmp(b, base) == 0)
+            return 1;
+    }
+    return 0;
+}
+
+typedef CUresult (*gpa_v2_fn)(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *);
+typedef CUresult (*gpa_v1_fn)(const char *, void **, int, cuuint64_t);
+
+/* Ask the driver, as the CUDA runtime will, for every base name we wrap (at the CUDA version of
+ * our headers, default and per-thread flags); remember answers that differ from the exported
+ * address. Called at init before the slots are published, with real addresses from `lookup`. */
+VGPU_HIDDEN void vgpu_learn_driver_aliases(void *(*lookup)(const char *name))
+{
+    gpa_v2_fn v2 = (gpa_v2_fn)lookup("cuGetProcAddress_v2");
+    gpa_v1_fn v1 = (gpa_v1_fn)lookup("cuGetProcAddress");
+    size_t i;
+
+    if (!v2 && !v1)
+        return;
+    for (i = 0; i < NWRAPPED; i++) {
+        char base[128];
+        int version, ptsz;
+        void *p = NULL, *exported;
+        cuuint64_t flags;
+        CUdriverProcAddressQueryResult st;
+        CUresult rc;
+
+        if (wrapped[i].lib != VGPU_LIB_CUDA)
+            continue;
+        split_name(wrapped[i].name, base, sizeof base, &version, &ptsz);
+        if (superseded(i, base, version, ptsz))
+            continue;
+        flags = ptsz ? CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM : CU_GET_PROC_ADDRESS_DEFAULT;
+        rc = v2 ? v2(base, &p, CUDA_VERSION, flags, &st) : v1(base, &p, CUDA_VERSION, flags);
+        exported = lookup(wrapped[i].name);
+        if (rc == CUDA_SUCCESS && p && exported && p != exported)
+            alias[i] = p;
+    }
+}
+
 /* our wrapper when p is the real address of a CUDA function we wrap, else p unchanged */
 VGPU_HIDDEN void *vgpu_swap_for_wrapper(void *p)
 {
@@ -46,7 +130,7 @@ VGPU_HIDDEN void *vgpu_swap_for_wrapper(void *p)
     if (!p || vgpu_is_not_found_stub(p))
         return p;
     for (i = 0; i < NWRAPPED; i++)
-        if (wrapped[i].lib == VGPU_LIB_CUDA && real_of(&wrapped[i]) == p)
+        if (wrapped[i].lib == VGPU_LIB_CUDA && (real_of(&wrapped[i]) == p || alias[i] == p))
             return (void *)wrapped[i].wrapper;
     return p;
 }

@@ -22,7 +22,8 @@
  * Policy: GPU_CORE_UTILIZATION_POLICY=force always throttles, =disable never; otherwise we follow
  * the monitor's utilization_switch in the region (it lifts throttling when the GPU is not
  * contended). The region's sm_limit wins over this process's env (region.c warns on a mismatch).
- * While throttling we stamp recent_kernel/last_kernel_time for the monitor's priority logic. */
+ * While throttling we stamp recent_kernel/last_kernel_time for the monitor's priority logic and
+ * report the measured share of GPU time in our slot's device_util[dev].sm_util. */
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -58,6 +59,8 @@ struct dev_state {
     long long last_refill_ns;
     long long next_harvest_ns;
     long long last_stamp_s;
+    long long charged_ns;  /* GPU time harvested since the last utilisation report */
+    long long window_start_ns;
 };
 
 static struct dev_state dev_state[VGPU_MAX_DEVICES];
@@ -151,7 +154,7 @@ static int ensure_events(struct dev_state *st)
             return 0; /* the ones created are kept for the next try */
     st->ctx = cur;
     st->ready = 1;
-    st->last_refill_ns = now_ns();
+    st->last_refill_ns = st->window_start_ns = now_ns();
     st->tokens_ns = BURST_NS;
     return 1;
 }
@@ -176,31 +179,41 @@ static void harvest(struct dev_state *st)
         if (ops.event_elapsed(&ms, p->start, p->end) != CUDA_SUCCESS || ms < 0)
             ms = 0;
         st->tokens_ns -= (long long)((double)ms * 1e6);
+        st->charged_ns += (long long)((double)ms * 1e6);
         p->done = 0;
         st->tail++;
     }
 }
 
-static void stamp_region(struct dev_state *st, long long now)
+/* once a second: the monitor's kernel stamps, and our measured SM share in our slot's sm_util */
+static void stamp_region(struct dev_state *st, int dev, long long now)
 {
     vgpu_region_t *r = vgpu_region_get();
-    long long s = now / 1000000000ll;
+    vgpu_proc_slot_t *me;
+    long long s = now / 1000000000ll, window = now - st->window_start_ns, util;
 
     if (!r || s == st->last_stamp_s)
-        return; /* once a second is all the monitor's period needs */
+        return;
     st->last_stamp_s = s;
     __atomic_store_n(&r->recent_kernel, RECENT_KERNEL_MARK, __ATOMIC_RELAXED);
     __atomic_store_n(&r->last_kernel_time, (uint64_t)time(0), __ATOMIC_RELAXED);
+    me = vgpu_region_self();
+    if (me && window > 0) {
+        util = st->charged_ns * 100 / window;
+        __atomic_store_n(&me->device_util[dev].sm_util, (uint64_t)(util > 100 ? 100 : util), __ATOMIC_RELAXED);
+    }
+    st->charged_ns = 0;
+    st->window_start_ns = now;
 }
 
 /* mu held: bring the bucket up to date; returns how long to sleep to pay the debt (0: none) */
-static long long account(struct dev_state *st, int pct)
+static long long account(struct dev_state *st, int dev, int pct)
 {
     long long now = now_ns(), debt;
 
     refill(st, pct, now);
     harvest(st);
-    stamp_region(st, now);
+    stamp_region(st, dev, now);
     st->next_harvest_ns = now + HARVEST_NS;
     if (st->tokens_ns >= 0)
         return 0;
@@ -230,7 +243,7 @@ static void do_before(struct dev_state *st, int dev, int pct, CUstream stream)
         return;
     }
     if (now_ns() >= st->next_harvest_ns)
-        debt = account(st, pct);
+        debt = account(st, dev, pct);
     if (st->head - st->tail == RING) { /* CPU too far ahead: wait for the oldest launch */
         p = &st->ring[st->tail % RING];
         if (!p->done) { /* another thread is between its before and after: leave this one unmeasured */

@@ -51,8 +51,9 @@ typedef struct {
     vgpu_device_util_t device_util[VGPU_MAX_DEVICES];
     int32_t status;
     uint64_t seqlock; /* odd while the owner updates used[] */
-    /* unused[0]: our owner's /proc start time (clock ticks), to tell a reused pid from the owner;
-     * vendor writers leave it 0, which means "check the pid only". */
+    /* Ours, in fields the monitor ignores (vendor writers leave them 0 = "check the pid only"):
+     * unused[0] the owner's /proc start time (clock ticks), to tell a reused pid from the owner;
+     * unused[1] the inode of the owner's pid namespace, so pids are judged only in their own. */
     uint64_t unused[2];
 } vgpu_proc_slot_t;
 

@@ -94,6 +94,8 @@ VGPU_HIDDEN void vgpu_region_fill_devices(const vgpu_region_config_t *cfg)
 
     if (!r || cfg->device_count <= 0 || __atomic_load_n(&r->device_num, __ATOMIC_ACQUIRE))
         return;
+    if (!vgpu_region_self() || !(r = vgpu_region_get())) /* also gives a fork child its own lock */
+        return;
     vgpu_region_lock();
     if (!r->device_num)
         copy_devices(r, cfg);
@@ -103,6 +105,9 @@ VGPU_HIDDEN void vgpu_region_fill_devices(const vgpu_region_config_t *cfg)
 /* a later process's env that disagrees with the region: say so once per value; the region wins */
 static void check_config(const vgpu_region_t *r, const vgpu_region_config_t *cfg)
 {
+    if (r->priority != cfg->priority)
+        VGPU_WARN("CUDA_TASK_PRIORITY: this process's env gives %d, region %s holds %d; using the region's",
+                  cfg->priority, region_path, r->priority);
     int d, n = cfg->device_count > (int)r->device_num ? cfg->device_count : (int)r->device_num;
 
     if (n < 1) /* devices not known yet: the env applies to device 0 like to any other */

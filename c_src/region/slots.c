@@ -11,6 +11,7 @@
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "region/region.h"
@@ -53,15 +54,31 @@ VGPU_HIDDEN uint64_t vgpu_proc_starttime(int pid)
     return read_stat(pid, &state, &start) == 0 ? start : 0;
 }
 
+/* the inode of our pid namespace: pids in a slot mean something only inside the same one */
+static uint64_t pid_ns(void)
+{
+    static uint64_t ns;
+    struct stat st;
+
+    if (!ns && stat("/proc/self/ns/pid", &st) == 0)
+        ns = (uint64_t)st.st_ino;
+    return ns;
+}
+
 VGPU_HIDDEN int vgpu_region_slot_alive(const vgpu_proc_slot_t *s)
 {
     int pid = __atomic_load_n(&s->pid, __ATOMIC_RELAXED);
     uint64_t want = __atomic_load_n(&s->unused[0], __ATOMIC_RELAXED);
+    uint64_t ns = __atomic_load_n(&s->unused[1], __ATOMIC_RELAXED);
     uint64_t start;
     char state;
 
     if (pid <= 0)
         return 0;
+    /* a file shared across pid namespaces (one cache mounted into two containers): we cannot
+     * judge another namespace's pid, so its slot is never reclaimed by us */
+    if (ns && pid_ns() && ns != pid_ns())
+        return 1;
     if (kill(pid, 0) != 0 && errno == ESRCH)
         return 0;
     /* kill() says a process with that pid exists; a zombie, or another process that reused the pid
@@ -116,7 +133,7 @@ static void fill_slot(vgpu_proc_slot_t *s, int pid, uint64_t start)
         s->hostpid = 0; /* the node side fills it for the new owner */
     s->pid = pid;
     s->unused[0] = start;
-    s->unused[1] = 0;
+    s->unused[1] = pid_ns();
     __atomic_store_n(&s->status, VGPU_SLOT_RUNNING, __ATOMIC_RELEASE);
 }
 

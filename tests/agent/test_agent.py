@@ -12,7 +12,7 @@ from typing import Callable, Iterator
 import pytest
 from click.testing import CliRunner
 
-from conftest import Host, Image, sha
+from agent_helpers import Host, Image, sha
 from vgpu_patch.agent import Agent, AgentConfig
 from vgpu_patch.commands.agent import cli
 from vgpu_patch.errors import ElfError, IntegrityError

@@ -1,89 +1,14 @@
-"""Fixtures for the Ansible tests: real ansible-playbook against real sshd nodes on 127.0.0.1.
-
-Each node is an sshd from tests/sshd_harness.py; its "root" is a tmp dir and the role's
-vgpu_patch_target_dir points at <root>/usr/local/vgpu. The test libraries are tiny real shared
-objects built with gcc, so the role's LD_PRELOAD load test runs for real.
-"""
+"""Fixtures for the Ansible tests: real ansible-playbook against real sshd nodes on 127.0.0.1."""
 from __future__ import annotations
 
-import json
-import os
-import re
 import shutil
-import subprocess
-import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-ANSIBLE_DIR = REPO / "ansible"
-sys.path.insert(0, str(REPO / "tests"))
-
-from sshd_harness import SSHD, available, start_many  # noqa: E402
-
-_LIB_C = """
-static const char marker[] __attribute__((used)) = MARKER;
-int vgpu_fixture_version(void) { return VERSION; }
-"""
-_RECAP_RE = re.compile(r"^(\S+)\s+:\s+ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", re.M)
-
-
-@dataclass
-class Libs:
-    vendor: Path  # stands for HAMi's own libvgpu.so
-    v1: Path  # our build, version 1
-    v2: Path  # our build, version 2
-    not_elf: Path  # garbage named .so: the load test must refuse it
-
-
-@dataclass(eq=False)
-class Node:
-    sshd: SSHD
-    root: Path
-
-    @property
-    def name(self) -> str:
-        return self.sshd.alias
-
-    @property
-    def libdir(self) -> Path:
-        return self.root / "usr" / "local" / "vgpu"
-
-    @property
-    def state(self) -> Path:
-        return self.libdir / ".vgpu-patch"
-
-    def history(self) -> list[dict]:
-        path = self.state / "history.jsonl"
-        return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
-
-
-@dataclass
-class Run:
-    rc: int
-    output: str
-    recap: dict[str, dict[str, int]]
-
-    def changed(self, node: Node) -> int:
-        return self.recap[node.name]["changed"]
-
-    def failed(self, node: Node) -> int:
-        return self.recap[node.name]["failed"]
-
-
-def _build(src_dir: Path, name: str, marker: str, version: int) -> Path:
-    out = src_dir / name
-    src = src_dir / "lib.c"
-    src.write_text(_LIB_C)
-    subprocess.run(
-        ["gcc", "-shared", "-fPIC", "-O0", f"-DMARKER={json.dumps(marker)}", f"-DVERSION={version}", "-o", str(out), str(src)],
-        check=True,
-        capture_output=True,
-    )
-    return out
+from fleet_helpers import LOGIN, Libs, Node, build_lib
+from sshd_harness import SSHD, available, start_many
 
 
 @pytest.fixture(scope="session")
@@ -94,9 +19,9 @@ def libs(tmp_path_factory: pytest.TempPathFactory) -> Libs:
     bad = d / "not-elf.so"
     bad.write_bytes(b"this is not an ELF shared object\n" * 64)
     return Libs(
-        vendor=_build(d, "vendor.so", "HAMi-core vendor build", 0),
-        v1=_build(d, "v1.so", "vgpu-patch-shim 0.1.0", 1),
-        v2=_build(d, "v2.so", "vgpu-patch-shim 0.2.0", 2),
+        vendor=build_lib(d, "vendor.so", "HAMi-core vendor build", 0),
+        v1=build_lib(d, "v1.so", "vgpu-patch-shim 0.1.0", 1),
+        v2=build_lib(d, "v2.so", "vgpu-patch-shim 0.2.0", 2),
         not_elf=bad,
     )
 
@@ -106,7 +31,7 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[SSHD]]:
     reason = available()
     if reason or shutil.which("ansible-playbook") is None:
         pytest.skip(reason or "ansible-playbook is not installed (pip install ansible-core)")
-    fleet = start_many(3, tmp_path_factory.mktemp("sshd"))
+    fleet = start_many(3, tmp_path_factory.mktemp("sshd"), **LOGIN)
     try:
         yield fleet
     finally:
@@ -125,40 +50,3 @@ def nodes(servers: list[SSHD], tmp_path: Path) -> list[Node]:
     return out
 
 
-def write_inventory(nodes: list[Node], path: Path, host_vars: dict[str, dict] | None = None) -> Path:
-    """An INI inventory: group `gpu` in the given order (the first node is the canary)."""
-    lines = ["[gpu]"]
-    for n in nodes:
-        extra = {"vgpu_patch_target_dir": str(n.libdir), "ansible_python_interpreter": sys.executable}
-        extra.update((host_vars or {}).get(n.name, {}))
-        kv = " ".join(f"{k}={json.dumps(v) if not isinstance(v, str) else _ini_quote(v)}" for k, v in extra.items())
-        lines.append(f"{n.name} {n.sshd.inventory_vars()} {kv}")
-    path.write_text("\n".join(lines) + "\n")
-    return path
-
-
-def _ini_quote(v: str) -> str:
-    return "'" + v.replace("'", "\\'") + "'" if re.search(r"\s|'", v) else v
-
-
-def run_playbook(playbook: str, inventory: Path, extra: dict | None = None, limit: str | None = None) -> Run:
-    """ansible-playbook from ansible/, as a user would run it; returns rc, output and the PLAY RECAP."""
-    env = {
-        **os.environ,
-        "ANSIBLE_CONFIG": str(ANSIBLE_DIR / "ansible.cfg"),
-        "ANSIBLE_NOCOLOR": "1",
-        "ANSIBLE_DISPLAY_SKIPPED_HOSTS": "false",
-        "ANSIBLE_LOCALHOST_WARNING": "false",
-        "ANSIBLE_INVENTORY_UNPARSED_WARNING": "false",
-    }
-    args = {"vgpu_patch_become": False, **(extra or {})}
-    cmd = ["ansible-playbook", "-i", str(inventory), playbook, "-e", json.dumps(args)]
-    if limit:
-        cmd += ["--limit", limit]
-    proc = subprocess.run(cmd, cwd=ANSIBLE_DIR, env=env, capture_output=True, text=True, timeout=300)
-    out = proc.stdout + proc.stderr
-    recap = {
-        m.group(1): {"ok": int(m.group(2)), "changed": int(m.group(3)), "unreachable": int(m.group(4)), "failed": int(m.group(5))}
-        for m in _RECAP_RE.finditer(out)
-    }
-    return Run(proc.returncode, out, recap)

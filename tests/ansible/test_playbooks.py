@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import Libs, Node, run_playbook, write_inventory
+from fleet_helpers import Libs, Node, run_playbook, write_inventory
 
 ALL_AT_ONCE = {"vgpu_patch_serial": "100%"}  # one batch: faster where batching is not under test
 

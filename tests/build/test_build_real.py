@@ -1,6 +1,7 @@
 """The real c_src builds, for the default target and aarch64, and exports exactly hooks.def."""
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -21,3 +22,14 @@ def test_real_c_src_builds_for_the_default_floor(tmp_path: Path, arch: str) -> N
     assert r.manifest["glibc_floor"] == "2.28"
     assert tuple(int(x) for x in r.manifest["glibc_max_required"].split(".")) <= (2, 28)
     assert b"vgpu-patch-shim " in r.library.read_bytes()  # deploy tools recognise our build by it
+
+
+def test_real_c_src_is_reproducible_from_another_path(tmp_path: Path) -> None:
+    copy = tmp_path / "elsewhere" / "c_src"
+    shutil.copytree(SRC_DIR, copy, ignore=shutil.ignore_patterns("tests", ".*"))
+    a = build_shim(tmp_path / "a", arch="x86_64")
+    b = build_shim(tmp_path / "b", arch="x86_64", src_dir=copy)
+    if a.manifest["source_sha256"] != b.manifest["source_sha256"]:
+        pytest.skip("c_src changed between the two builds (being edited)")
+    assert a.sha256 == b.sha256
+    assert str(SRC_DIR).encode() not in a.library.read_bytes()

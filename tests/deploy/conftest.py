@@ -58,9 +58,18 @@ def sshd_nosudo(tmp_path_factory: pytest.TempPathFactory):
 
 @pytest.fixture()
 def fresh_sshd(tmp_path: Path):
-    """A throwaway sshd for tests that kill sessions or rotate keys."""
+    """A throwaway sshd for tests that kill sessions or rotate keys.
+
+    As root it logs in TEST_USER (shell /bin/sh, sudo): killing a root session could interrupt whatever
+    root's ~/.bashrc runs at login (on dev boxes, `pyenv init` holding a lock) and stall later logins.
+    """
     _need_sshd()
-    with SSHD(tmp_path / "sshd") as server:
+    kw = dict(user=TEST_USER, create_user=True, sudo=True, requiretty=True) if os.geteuid() == 0 else {}
+    try:
+        server = SSHD(tmp_path / "sshd", **kw)  # type: ignore[arg-type]
+    except HarnessUnavailable as e:
+        pytest.skip(str(e))
+    with server:
         yield server
 
 

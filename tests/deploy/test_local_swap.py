@@ -350,3 +350,28 @@ def test_glibc_too_new_for_the_node_is_refused(node, libs) -> None:
         preflight(facts, cand, t.name, live, install=False)
     with pytest.raises(DeployError, match="GLIBC_PRIVATE"):
         preflight(facts, replace(cand, glibc_needed=None, glibc_private=True), t.name, live, install=False)
+
+
+def test_fleet_result_raises_one_error_carrying_every_node(tmp_path: Path, libs) -> None:
+    from vgpu_patch.deploy.fleet import run_fleet
+    from vgpu_patch.deploy.targets import HostSpec, make_transport
+    from vgpu_patch.errors import FleetError
+
+    specs = []
+    for i in range(4):
+        root = tmp_path / f"n{i}"
+        make_node(root, None if i == 2 else libs["vendor"])
+        specs.append(HostSpec(name=f"n{i}", local_root=str(root)))
+
+    def op(t, spec):  # type: ignore[no-untyped-def]
+        r = deploy_file(t, libs["v1"], DIR, operator="a")
+        return ("changed" if r.changed else "unchanged"), r
+
+    res = run_fleet(specs, op, make_transport, parallel=1, canary=1, keep_going=True)
+    assert [o.status for o in res.outcomes] == ["changed", "changed", "failed", "changed"]
+    assert res.exit_code() == 3
+    with pytest.raises(FleetError) as e:
+        res.raise_for_failures()
+    assert set(e.value.results) == {"n0", "n1", "n2", "n3"} and e.value.exit_code == 3
+    res = run_fleet(specs, op, make_transport, parallel=2, canary=0, keep_going=False)
+    assert res.exit_code() == 3  # the failed node's neighbours are already on v1

@@ -4,8 +4,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,7 +14,7 @@ from sshd_harness import SSHD, known_hosts_file
 from deploy_tcpproxy import CuttingProxy
 from vgpu_patch.cli import cli
 from vgpu_patch.deploy.swap import deploy_file, node_status, rollback
-from vgpu_patch.deploy.targets import HostSpec, make_transport, parse_host
+from vgpu_patch.deploy.targets import make_transport, parse_host
 from vgpu_patch.errors import AuthFailure, ConnectionFailure, HostKeyError
 from vgpu_patch.transport.ssh import SSHTransport
 
@@ -197,20 +195,33 @@ def test_connection_killed_during_the_swap_script(fresh_sshd: SSHD, tmp_path: Pa
     import time
 
     from vgpu_patch.deploy.swap import SwapHooks
+    from vgpu_patch.errors import LockedError
 
     d = lib_dir(tmp_path, libs["vendor"])
+    marker = tmp_path / "in-lock"
+    # the background sleep exists before the marker does, so a kill of the whole session reaches it
+    hooks = SwapHooks(in_lock=f"(sleep 1.5) & : > {marker}; wait")
+
+    def kill_when_locked() -> None:
+        for _ in range(400):
+            if marker.exists():
+                break
+            time.sleep(0.025)
+        fresh_sshd.kill_sessions(children=children)
+
+    killer = threading.Thread(target=kill_when_locked)
+    killer.start()
     t = transport(fresh_sshd)
-    timer = threading.Timer(0.7, fresh_sshd.kill_sessions, kwargs={"children": children})
-    timer.start()
     try:
         with pytest.raises(ConnectionFailure):
-            deploy_file(t, libs["v1"], str(d), operator="x", hooks=SwapHooks(in_lock="sleep 1.5"))
+            deploy_file(t, libs["v1"], str(d), operator="x", hooks=hooks)
     finally:
-        timer.join()
+        killer.join()
         t.close()
+    assert marker.exists()
     history = d / ".vgpu-patch" / "history.jsonl"
     if not children:  # the orphaned script ignores HUP/PIPE and completes the swap on its own
-        for _ in range(100):
+        for _ in range(200):
             if history.exists():
                 break
             time.sleep(0.05)
@@ -219,6 +230,11 @@ def test_connection_killed_during_the_swap_script(fresh_sshd: SSHD, tmp_path: Pa
     else:
         assert_whole(d / "libvgpu.so", libs["vendor"], libs["v1"])
     with transport(fresh_sshd) as t2:  # the lock died with the script: a rerun goes through
-        deploy_file(t2, libs["v1"], str(d), operator="x")
+        for _ in range(40):
+            try:
+                deploy_file(t2, libs["v1"], str(d), operator="x")
+                break
+            except LockedError:  # an orphan still finishing
+                time.sleep(0.1)
         assert node_status(t2, str(d)).sha256 == sha(libs["v1"])
     assert leftovers(d) == []  # the rerun removed whatever a SIGKILLed script left

@@ -638,6 +638,90 @@ EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray a)
     return give((uint64_t)(uintptr_t)a);
 }
 
+/* ---- VMM address space (enough for the GPU probe to dry-run here) ---- */
+EXPORT CUresult cuMemGetAllocationGranularity(size_t *g, const CUmemAllocationProp *prop,
+                                              CUmemAllocationGranularity_flags option)
+{
+    (void)option;
+    if (!g || !prop)
+        return CUDA_ERROR_INVALID_VALUE;
+    *g = 2u << 20;
+    return CUDA_SUCCESS;
+}
+
+static uint64_t next_va = 0x7f0000000000ull;
+
+EXPORT CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t align, CUdeviceptr addr,
+                                    unsigned long long flags)
+{
+    (void)align, (void)addr, (void)flags;
+    if (!ptr || !size)
+        return CUDA_ERROR_INVALID_VALUE;
+    *ptr = __atomic_fetch_add(&next_va, (size + 0xfffff) & ~(uint64_t)0xfffff, __ATOMIC_RELAXED);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size)
+{
+    return ptr && size ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle h,
+                         unsigned long long flags)
+{
+    struct block *b = (struct block *)(uintptr_t)h;
+    (void)offset, (void)flags;
+    if (!ptr || !h || b->magic != MAGIC_MEM || size > b->size)
+        return CUDA_ERROR_INVALID_VALUE;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
+{
+    return ptr && size ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count)
+{
+    return ptr && size && desc && count ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+EXPORT CUresult cuStreamSynchronize(CUstream s)
+{
+    CUcontext c;
+    return stream_ctx(s, &c);
+}
+
+EXPORT CUresult cuCtxSynchronize(void)
+{
+    return current() ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
+}
+
+EXPORT CUresult cuMemsetD8_v2(CUdeviceptr p, unsigned char v, size_t n)
+{
+    (void)v;
+    return p && n ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+/* ---- modules: dummy handles, so the GPU benchmark can dry-run here ---- */
+static int dummy_module, dummy_function;
+
+EXPORT CUresult cuModuleLoadData(CUmodule *m, const void *image)
+{
+    if (!m || !image)
+        return CUDA_ERROR_INVALID_VALUE;
+    *m = (CUmodule)&dummy_module;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuModuleGetFunction(CUfunction *f, CUmodule m, const char *name)
+{
+    if (!f || !m || !name)
+        return CUDA_ERROR_INVALID_VALUE;
+    *f = (CUfunction)&dummy_function;
+    return CUDA_SUCCESS;
+}
+
 /* ---- reporting ---- */
 EXPORT CUresult cuMemGetInfo_v2(size_t *free_b, size_t *total_b)
 {
@@ -764,6 +848,34 @@ struct proc {
     void *fn_ptsz;
 };
 
+/* FAKE_CUDA_PROC_ALIASES=1: cuGetProcAddress hands out internal entry points (same behaviour,
+ * other addresses than the exports), as a driver may */
+static CUresult internal_alloc(CUdeviceptr *dptr, size_t size)
+{
+    return cuMemAlloc_v2(dptr, size);
+}
+
+static CUresult internal_launch_ptsz(KPARAMS, void **params, void **extra)
+{
+    return cuLaunchKernel_ptsz(f, gx, gy, gz, bx, by, bz, shmem, s, params, extra);
+}
+
+static void *proc_alias(void *fn)
+{
+    static int aliases = -1;
+    if (aliases < 0) {
+        const char *e = getenv("FAKE_CUDA_PROC_ALIASES");
+        aliases = e && e[0] == '1';
+    }
+    if (!aliases)
+        return fn;
+    if (fn == (void *)cuMemAlloc_v2)
+        return (void *)internal_alloc;
+    if (fn == (void *)cuLaunchKernel_ptsz)
+        return (void *)internal_launch_ptsz;
+    return fn;
+}
+
 EXPORT CUresult cuGetProcAddress_v2(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *);
 EXPORT CUresult cuGetProcAddress(const char *, void **, int, cuuint64_t);
 
@@ -789,6 +901,8 @@ static const struct proc procs[] = {
     {"cuGraphLaunch", 10000, (void *)cuGraphLaunch, (void *)cuGraphLaunch_ptsz},
     {"cuGetProcAddress", 12000, (void *)cuGetProcAddress_v2, NULL},
     {"cuCtxGetDevice", 2000, (void *)cuCtxGetDevice, NULL},
+    {"cuDevicePrimaryCtxRetain", 7000, (void *)cuDevicePrimaryCtxRetain, NULL},
+    {"cuCtxSetCurrent", 4000, (void *)cuCtxSetCurrent, NULL},
     {"cuMemcpyHtoD", 3020, (void *)cuMemcpyHtoD_v2, NULL},
 };
 
@@ -807,8 +921,9 @@ static CUresult lookup(const char *name, void **pfn, int ver, cuuint64_t flags, 
             *st = CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT;
             return CUDA_ERROR_NOT_FOUND;
         }
-        *pfn = ((flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) && procs[i].fn_ptsz) ? procs[i].fn_ptsz
-                                                                                             : procs[i].fn;
+        *pfn = proc_alias(((flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) && procs[i].fn_ptsz)
+                              ? procs[i].fn_ptsz
+                              : procs[i].fn);
         *st = CU_GET_PROC_ADDRESS_SUCCESS;
         return CUDA_SUCCESS;
     }

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import os
-import sys
-import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest

@@ -22,8 +22,6 @@ def cc() -> str:
     return cc
 
 
-
-
 def run_tool(tool: Path, env: dict[str, str], *steps: str, **env_extra: str) -> subprocess.CompletedProcess:
     """Run the tool to completion; fail the test on a non-zero exit."""
     e = {**env, **env_extra}

@@ -168,3 +168,25 @@ def test_exec_reuses_the_slot_of_its_previous_image(region_tool: Path, region_en
         assert out == ["attach ok", "slot 1", "reserve ok", "attach ok", "slot 1", f"used {5 * MiB}", "reserve ok"]
     finally:
         other.release()
+
+
+def test_slots_of_another_pid_namespace_are_never_reclaimed(region_tool: Path, region_env: dict) -> None:
+    """A cache file shared across pid namespaces: a pid we cannot see there is not proof of death."""
+    foreign = os.stat("/proc/self/ns/pid").st_ino + 1
+    _path(region_env).write_bytes(R.encode(uuids=["GPU-x"], limit=[LIMIT], procs=[
+        R.SlotSpec(pid=2_000_000 + 7, used={0: 80 * MiB}, pid_ns=foreign),  # not a pid here
+        R.SlotSpec(pid=2_000_000 + 9, used={0: 10 * MiB}),  # vendor slot, same rule as the vendor: dead
+    ]))
+    out = lines(run_tool(region_tool, region_env, "attach", "used:0", f"reserve:0:{30 * MiB}", "slot"))
+    assert out == ["attach ok", f"used {80 * MiB}", "reserve refused", "slot 1"]
+    assert R.read_region(_path(region_env)).procs[0].used[0] == 80 * MiB
+
+
+def test_priority_mismatch_is_reported(region_tool: Path, region_env: dict) -> None:
+    a = Held(region_tool, region_env, "attach", CUDA_TASK_PRIORITY="0")
+    try:
+        cp = run_tool(region_tool, region_env, "attach", CUDA_TASK_PRIORITY="1")
+        assert "CUDA_TASK_PRIORITY" in cp.stderr and "gives 1" in cp.stderr and "holds 0" in cp.stderr
+        assert R.read_region(_path(region_env)).priority == 0
+    finally:
+        a.release()

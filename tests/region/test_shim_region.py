@@ -149,3 +149,67 @@ emit(rcs=rcs, calls=fake.fake_calls(b"cuLaunchKernel"))
     _, err = p.communicate(timeout=60)
     assert res == {"rcs": [0, 0, 0], "calls": 3}
     assert err.count("lacks the event entry points") == 1
+
+
+def test_region_created_before_cuinit_learns_its_devices(shim_env, tmp_path: Path) -> None:
+    """NVML's memory query can come first (no cuInit yet): the region is created with the env's
+    limits and no device list, which the first allocation after cuInit fills in."""
+    cache = tmp_path / "cache"
+    body = """
+assert fakenvml.nvmlInit_v2() == 0
+h = ffi.new("nvmlDevice_t *")
+assert fakenvml.nvmlDeviceGetHandleByIndex_v2(0, h) == 0
+m = ffi.new("nvmlMemory_t *")
+rc = shim.nvmlDeviceGetMemoryInfo(h[0], m)
+emit(rc=rc, total=m.total)
+wait()
+shim.cuInit(0)
+ctx_on(0)
+emit(rcs=[alloc(10 * MiB)[0]])
+wait()
+"""
+    p = shim_child(shim_env, body, cache, **{**LIMIT_ENV, "FAKE_CUDA_DEVICES": "2"})
+    try:
+        assert result_line(p) == {"rc": 0, "total": 100 * MiB}
+        assert R.read_region(cache).device_num == 0 and R.read_region(cache).limit[0] == 100 * MiB
+        p.stdin.write("\n")
+        p.stdin.flush()
+        assert result_line(p)["rcs"] == [0]
+        r = R.read_region(cache)
+        assert r.device_num == 2 and r.used(0) == 10 * MiB
+    finally:
+        _finish(p)
+
+
+def test_concurrent_threads_in_two_processes_never_overshoot(shim_env, tmp_path: Path) -> None:
+    """8 threads x 2 processes race 1 MiB allocations against a 100 MiB limit: exactly 100 succeed."""
+    cache = tmp_path / "cache"
+    body = """
+shim.cuInit(0)
+ctx_on(0)
+wait()
+ok = []
+def worker():
+    ctx_on(0)
+    n = 0
+    for _ in range(20):
+        if alloc(MiB)[0] == 0:
+            n += 1
+    ok.append(n)
+ts = [threading.Thread(target=worker) for _ in range(8)]
+[t.start() for t in ts]
+[t.join() for t in ts]
+emit(ok=sum(ok))
+wait()
+"""
+    procs = [shim_child(shim_env, body, cache, **LIMIT_ENV) for _ in range(2)]
+    try:
+        for p in procs:  # both start racing at once
+            p.stdin.write("\n")
+            p.stdin.flush()
+        total = sum(result_line(p)["ok"] for p in procs)
+        assert total == 100
+        assert R.read_region(cache).used(0) == 100 * MiB
+    finally:
+        for p in procs:
+            _finish(p)

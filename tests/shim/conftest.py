@@ -1,6 +1,7 @@
 """Session fixtures: the fake driver and the shim, each built once with the real compiler."""
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 
@@ -31,6 +32,9 @@ def fake_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def shim_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    prebuilt = os.environ.get("VGPU_TEST_SHIM")  # run the scenarios against another build (zig, a floor)
+    if prebuilt:
+        return Path(prebuilt).resolve()
     # native gcc, no glibc floor: the fastest build; floors and zig are the build tests' business
     return build_shim(tmp_path_factory.mktemp("shim"), compiler="gcc", glibc=None).library
 

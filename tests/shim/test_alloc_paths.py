@@ -209,3 +209,55 @@ def test_free_of_untracked_pointer_passes_through(env: Env) -> None:
     """, {"CUDA_DEVICE_MEMORY_LIMIT": "64m"})
     r = child.result
     assert r == {"rc": 0, "zero": 0, "info": [0, 64 * MiB, 64 * MiB], "fake_used": 0}
+
+
+def test_contextless_reporting_and_huge_sizes(env: Env) -> None:
+    child = env.run_py("""
+        assert shim.cuInit(0) == 0
+        out = {}
+        def worker():
+            out["info"] = list(meminfo())                       # no context: the driver's error, no crash
+            out["alloc"] = alloc(MiB)[0]
+        t = threading.Thread(target=worker); t.start(); t.join()
+        ctx_on(0)
+        out["huge"] = alloc(2**64 - 1)[0]
+        out["huge2"] = alloc(2**63)[0]
+        pitch = ffi.new("size_t *"); p = ffi.new("CUdeviceptr *")
+        out["pitch_overflow"] = shim.cuMemAllocPitch_v2(p, pitch, 2**40, 2**40, 4)
+        out["after"] = meminfo()
+        emit(**out)
+    """, {"CUDA_DEVICE_MEMORY_LIMIT": "64m"})
+    r = child.result
+    assert r["info"] == [201, 0, 0] and r["alloc"] == 201
+    assert r["huge"] == 2 and r["huge2"] == 2 and r["pitch_overflow"] == 2
+    assert r["after"] == [0, 64 * MiB, 64 * MiB]
+
+
+def test_unlimited_huge_request_leaves_no_trace(env: Env) -> None:
+    child = env.run_py("""
+        assert shim.cuInit(0) == 0
+        ctx_on(0)
+        rc = alloc(2**64 - 1)[0]                                  # the driver refuses; nothing stays counted
+        ok = alloc(100 * MiB)[0]
+        emit(rc=rc, ok=ok, info=meminfo())
+    """)
+    r = child.result
+    assert r["rc"] == 2 and r["ok"] == 0 and r["info"] == [0, 924 * MiB, 1024 * MiB]
+
+
+def test_pool_created_behind_our_back_uses_its_location(env: Env) -> None:
+    """An imported pool (not seen at creation): the driver's location attributes name its device."""
+    r = env.run_py("""
+        assert shim.cuInit(0) == 0
+        ctx_on(0)
+        s = ffi.new("CUstream *"); assert shim.cuStreamCreate(s, 0) == 0
+        pool = ffi.new("CUmemoryPool *")
+        props = ffi.new("CUmemPoolProps *"); props.allocType = 1; props.location.type = 1; props.location.id = 1
+        assert fake.cuMemPoolCreate(pool, props) == 0
+        p = ffi.new("CUdeviceptr *")
+        rcs = [shim.cuMemAllocFromPoolAsync(p, 40 * MiB, pool[0], s[0]) for _ in range(2)]
+        ctx_on(1)
+        emit(rcs=rcs, info1=meminfo(), attr_calls=fake.fake_calls(b"cuMemPoolGetAttribute"))
+    """, {"CUDA_DEVICE_MEMORY_LIMIT_1": "64m"}).result
+    assert r["rcs"] == [0, 2] and r["info1"] == [0, 24 * MiB, 64 * MiB]
+    assert r["attr_calls"] == 2  # asked once, then remembered

@@ -13,6 +13,13 @@ int probe_fn(void) { return '%(c)s'; }
 void *%(c)s_next(void) { return dlsym(RTLD_NEXT, "probe_fn"); }
 """
 
+DEP = "int dep_only_fn(void) { return 'd'; }\n"
+LOCAL = r"""
+#define _GNU_SOURCE
+#include <dlfcn.h>
+void *local_default(void) { return dlsym(RTLD_DEFAULT, "dep_only_fn"); }
+"""
+
 MAIN = r"""
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -56,6 +63,12 @@ int main(void)
     printf("fake_only=%s\n", where(dlsym(h, "fake_calls")));
     printf("nvml_alloc_in_cuda=%s\n", where(dlsym(h, "nvmlDeviceGetMemoryInfo")));
     printf("missing=%s err=%d\n", where(dlsym(h, "no_such_symbol")), dlerror() != NULL);
+    {
+        void *l = dlopen(LOCAL_LIB, RTLD_NOW | RTLD_LOCAL);
+        void *(*local_default)(void) = l ? (void *(*)(void))dlsym(l, "local_default") : NULL;
+        printf("local_scope=%c main_default=%s\n", local_default ? call(local_default()) : '?',
+               where(dlsym(RTLD_DEFAULT, "dep_only_fn")));
+    }
     return 0;
 }
 """
@@ -67,7 +80,13 @@ def build(env: Env) -> object:
         src.write_text(LIB % {"c": c})
         subprocess.run(["gcc", "-shared", "-fPIC", "-Wall", "-Werror", str(src), "-o", str(env.tmp / f"lib{c}.so"),
                         "-ldl"], check=True, capture_output=True, text=True)
-    return env.compile_c("dlsym_main", MAIN, f"-L{env.tmp}", f"-Wl,-rpath,{env.tmp}", "-la", "-lb")
+    (env.tmp / "dep.c").write_text(DEP)
+    (env.tmp / "local.c").write_text(LOCAL)
+    subprocess.run(["gcc", "-shared", "-fPIC", str(env.tmp / "dep.c"), "-o", str(env.tmp / "libdep.so")], check=True)
+    subprocess.run(["gcc", "-shared", "-fPIC", str(env.tmp / "local.c"), "-o", str(env.tmp / "liblocal.so"),
+                    f"-L{env.tmp}", f"-Wl,-rpath,{env.tmp}", "-Wl,--no-as-needed", "-ldep", "-ldl"], check=True)
+    return env.compile_c("dlsym_main", MAIN, f"-L{env.tmp}", f"-Wl,-rpath,{env.tmp}", "-la", "-lb",
+                         f'-DLOCAL_LIB="{env.tmp / "liblocal.so"}"')
 
 
 def parse(out: str) -> dict[str, str]:
@@ -91,6 +110,7 @@ def test_dlsym_under_preload(env: Env) -> None:
     assert r["pass"] == "libcuda.so.1" and r["fake_only"] == "libcuda.so.1"
     assert r["nvml_alloc_in_cuda"] == "NULL"  # not defined in that handle's scope: no wrapper invented
     assert r["missing"] == "NULL" and r["err"] == "1"
+    assert r["local_scope"] == "d" and r["main_default"] == "NULL"
 
 
 def test_dlsym_same_answers_without_preload(env: Env) -> None:
@@ -99,5 +119,5 @@ def test_dlsym_same_answers_without_preload(env: Env) -> None:
     with_shim = parse(env.run_c(exe).stdout)
     without = parse(env.run_c(exe, preload=False).stdout)
     for key in ("main_next", "a_next", "b_next", "stable", "puts_next_is_libc", "missing_next", "pass", "fake_only",
-                "missing", "err", "nvml_alloc_in_cuda"):
+                "missing", "err", "nvml_alloc_in_cuda", "local_scope", "main_default"):
         assert with_shim[key] == without[key], key

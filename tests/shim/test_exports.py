@@ -5,7 +5,7 @@ from pathlib import Path
 
 from elftools.elf.elffile import ELFFile
 
-from vgpu_patch.surface import exported_names, parse_hooks, reference_surface
+from vgpu_patch.surface import exported_names, parse_hooks, reference_surface, wrapped_variants
 
 
 def dynamic_exports(path: Path) -> list[tuple[str, str]]:
@@ -23,6 +23,10 @@ def test_hooks_def_is_the_reference_surface() -> None:
     assert len(exported_names()) == len(set(exported_names()))
     assert {h.kind for h in parse_hooks()} == {"PASS", "OWN", "STUB"}
     assert {h.lib for h in parse_hooks()} == {"CUDA", "NVML", "LIBC"}
+    own = {h.name for h in parse_hooks() if h.kind == "OWN"}
+    variants = wrapped_variants()
+    assert len(variants) == 7 and set(variants.values()) <= own
+    assert all(v == b + "_ptsz" for v, b in variants.items())
 
 
 def test_exported_set_equals_surface_exactly(shim_path: Path) -> None:
@@ -32,8 +36,20 @@ def test_exported_set_equals_surface_exactly(shim_path: Path) -> None:
     assert set(names) == reference_surface().surface
     assert {t for _, t in exports} == {"STT_FUNC"}, "no data objects may be exported"
     assert not set(names) & reference_surface().internal
+    assert not set(names) & set(wrapped_variants())
 
 
 def test_ident_string_embedded(shim_path: Path) -> None:
     from vgpu_patch import __version__
     assert f"vgpu-patch-shim {__version__}".encode() in shim_path.read_bytes()
+
+
+def test_no_private_glibc_imports(shim_path: Path) -> None:
+    with shim_path.open("rb") as f:
+        elf = ELFFile(f)
+        undefined = {s.name for s in elf.get_section_by_name(".dynsym").iter_symbols() if s["st_shndx"] == "SHN_UNDEF"}
+        verneed = elf.get_section_by_name(".gnu.version_r")
+        versions = {aux.name for _, auxes in verneed.iter_versions() for aux in auxes} if verneed else set()
+    assert "dlvsym" in undefined  # the real dlsym comes from a versioned public lookup
+    assert not {"_dl_sym", "_dl_vsym", "__libc_dlsym"} & undefined
+    assert "GLIBC_PRIVATE" not in versions

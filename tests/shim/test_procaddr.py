@@ -10,7 +10,7 @@ BODY = """
     PTDS = 2  # CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM
     def addr(x): return int(ffi.cast("uintptr_t", x))
     def own(name): return addr(ffi.addressof(shim, name))
-    def real(name): return addr(ffi.addressof(fake, name)) if hasattr(fake, name) else None
+    def real(name): return addr(ffi.addressof(fake, name))
     def gpa(name, ver=13000, flags=0, v2=True):
         pfn = ffi.new("void **"); st = ffi.new("int *", -1)
         if v2:
@@ -76,8 +76,39 @@ def test_pass_through_and_missing_symbols(env: Env) -> None:
         assert shim.cuInit(0) == 0
         n = ffi.new("int *")
         rc = shim.cuDeviceGetCount(n)                        # PASS trampoline, symbol present
-        missing = shim.cuCtxSynchronize()                    # PASS, absent from the fake: NOT_FOUND
+        missing = shim.cuCtxGetCacheConfig(ffi.NULL)         # PASS, absent from the fake: NOT_FOUND
         stub = shim.nvml_preInit()                           # vendor-only STUB name
         emit(before=before, rc=rc, n=n[0], missing=missing, stub=stub)
     """, {"FAKE_CUDA_DEVICES": "3"}).result
     assert r == {"before": 3, "rc": 0, "n": 3, "missing": 500, "stub": 0}
+
+
+def test_ignore_symbols_knob(env: Env) -> None:
+    r = env.run_py("""
+        assert shim.cuInit(0) == 0
+        n = ffi.new("int *")
+        emit(count=shim.cuDeviceGetCount(n), get=shim.cuDeviceGet(ffi.new("CUdevice *"), 0))
+    """, {"VGPU_IGNORE_SYMBOLS": "cuDeviceGetCount,cuDeviceGetByPCIBusId"}).result
+    assert r == {"count": 500, "get": 0}  # cuDeviceGet is a prefix of a listed name: not ignored
+
+
+def test_driver_handing_out_internal_addresses(env: Env) -> None:
+    """A driver whose cuGetProcAddress answers with other addresses than its exports: learnt at init."""
+    r = env.run_py("""
+        assert shim.cuInit(0) == 0
+        ctx_on(0)
+        def gpa(name, flags):
+            pfn = ffi.new("void **"); st = ffi.new("int *")
+            assert shim.cuGetProcAddress_v2(name, pfn, 13000, flags, st) == 0
+            return pfn[0]
+        bare = ffi.new("void **"); st = ffi.new("int *")
+        fake.cuGetProcAddress_v2(b"cuMemAlloc", bare, 13000, 0, st)
+        alloc = ffi.cast("CUresult(*)(CUdeviceptr *, size_t)", gpa(b"cuMemAlloc", 0))
+        d = ffi.new("CUdeviceptr *")
+        launch = gpa(b"cuLaunchKernel", 2)
+        emit(internal=int(ffi.cast("uintptr_t", bare[0])) != int(ffi.cast("uintptr_t", ffi.addressof(fake, "cuMemAlloc_v2"))),
+             wrapped=int(ffi.cast("uintptr_t", alloc)) == int(ffi.cast("uintptr_t", ffi.addressof(shim, "cuMemAlloc_v2"))),
+             rcs=[alloc(d, 40 * MiB), alloc(d, 40 * MiB)],
+             launch_is_ours=int(ffi.cast("uintptr_t", launch)) != int(ffi.cast("uintptr_t", ffi.addressof(fake, "cuLaunchKernel_ptsz"))))
+    """, {"CUDA_DEVICE_MEMORY_LIMIT": "64m", "FAKE_CUDA_PROC_ALIASES": "1"}).result
+    assert r == {"internal": True, "wrapped": True, "rcs": [0, 2], "launch_is_ours": True}

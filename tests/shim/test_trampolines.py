@@ -128,3 +128,16 @@ def test_each_trampoline_uses_its_own_slot(tmp_path: Path, arch: str) -> None:
             assert (slot - real) // 8 == i and idx == i, h.name
             checked += 1
     assert checked == sum(h.kind == "PASS" for h in hooks) > 400
+
+
+def test_shim_posing_as_libcuda_aborts_with_a_clear_message(env: Env) -> None:
+    """libcuda.so.1 resolving to the shim itself (a bad symlink, two copies) must not recurse forever."""
+    bad = env.tmp / "bad"
+    bad.mkdir()
+    (bad / "libcuda.so.1").symlink_to(env.shim)
+    exe = env.compile_c("init_only", "#include <cuda.h>\nint main(void) { return cuInit(0); }\n",
+                        f"-L{env.fake_dir}", "-l:libcuda.so.1")
+    e = env.base_env({"LD_LIBRARY_PATH": str(bad), "LD_PRELOAD": str(env.shim)})
+    p = subprocess.run([str(exe)], env=e, capture_output=True, text=True, timeout=60)
+    assert p.returncode == -6, (p.returncode, p.stderr)  # SIGABRT
+    assert "two copies of libvgpu are loaded" in p.stderr

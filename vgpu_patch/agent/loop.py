@@ -91,8 +91,7 @@ class Agent:
         s.last_check, s.last_check_unix = utc_now(), time.time()
         s.live_path, s.live_sha256 = (live.path, live.sha256) if live else (None, None)
         if live is not None and live.sha256 == self.image.sha256:
-            if s.state != "yielded":
-                s.state = "ok"
+            s.state, s.yielded_to = "ok", None  # also ends a yield: someone put our library back
             self._good_sig = sig
             return "ok"
         last = facts.history[-1] if facts.history else None

@@ -16,7 +16,7 @@ EPILOG = """\b
 Examples:
   vgpu-patch build -o out/
   vgpu-patch build --arch aarch64 --glibc 2.17 -o out/arm64
-  vgpu-patch build --compiler gcc --profile debug --no-check
+  vgpu-patch build --compiler zig --profile debug --no-check
   vgpu-patch build --json > build.json
 \b
 The default compiler is gcc when it can meet the target natively (same arch, host glibc <= floor),
@@ -34,10 +34,11 @@ def _run_check(library: Path, glibc: str, arch: str) -> tuple[Any | None, str | 
     """The drop-in check (vgpu_patch.elfcheck), or (None, why it was skipped)."""
     try:
         elfcheck = importlib.import_module("vgpu_patch.elfcheck")
-        check_file = elfcheck.check_file
-    except (ImportError, AttributeError):
+    except ModuleNotFoundError as e:
+        if e.name != "vgpu_patch.elfcheck":
+            raise  # the checker exists but is broken: say so, do not skip silently
         return None, "drop-in check skipped: vgpu_patch.elfcheck is not available in this version"
-    return check_file(library, vendor=None, glibc=glibc, arch=arch), None
+    return elfcheck.check_file(library, vendor=None, glibc=glibc, arch=arch), None
 
 
 @click.command("build", epilog=EPILOG)
@@ -83,14 +84,10 @@ def cli(out_dir: Path, arch: str | None, glibc: str, compiler: str | None,
         click.echo(f"compiler     {m['compiler']['version']}")
         click.echo(f"manifest     {result.manifest_path}")
         if report is not None:
-            from vgpu_patch.elfcheck import render_table  # present: check_file came from it
-
-            click.echo(render_table(report))
+            click.echo(importlib.import_module("vgpu_patch.elfcheck").render_table(report))
     if skipped:
         click.echo(skipped, err=True)
     if report is not None and not report.ok:
         if not as_json:
             click.secho("drop-in check FAILED", fg="red", err=True)
-        # SystemExit, not ctx.exit: cli.main runs click with standalone_mode=False, which turns
-        # ctx.exit into a return value that it does not pass on
-        raise SystemExit(report.exit_code or EXIT_INCOMPATIBLE)
+        click.get_current_context().exit(report.exit_code or EXIT_INCOMPATIBLE)

@@ -1,10 +1,81 @@
-"""`vgpu-patch daemonset` (placeholder: not implemented yet)."""
+"""`vgpu-patch daemonset`: render the node agent's DaemonSet manifest."""
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
 import click
 
-from ..errors import VgpuPatchError
+from ..cli_options import emit_json, json_option
+
+EPILOG = """\b
+Examples:
+  vgpu-patch daemonset --image registry.example.com/vgpu-patch-agent:0.1.0 -o vgpu-patch-agent.yaml
+  vgpu-patch daemonset --node-selector nvidia.com/gpu.present=true --namespace gpu-ops \\
+      --sha256 "$(jq -r .sha256 out/libvgpu.so.json)" -o - | kubectl apply -f -
+
+\b
+Exit codes: 0 written; 2 usage error (bad label, name or path).
+"""
 
 
-@click.command("daemonset")
-def cli() -> None:
-    """Not implemented yet."""
-    raise VgpuPatchError("'vgpu-patch daemonset' is not implemented in this version")
+@click.command("daemonset", epilog=EPILOG)
+@click.option("--image", default=None, help="Agent image [default: vgpu-patch-agent:<version>].")
+@click.option("--namespace", default="kube-system", show_default=True, help="Namespace of the DaemonSet.")
+@click.option("--name", default="vgpu-patch-agent", show_default=True, help="Name of the DaemonSet.")
+@click.option("--node-selector", "node_selector", multiple=True, metavar="KEY=VALUE",
+              help="Run only on nodes with this label (repeatable) [default: gpu=on, HAMi's GPU node label].")
+@click.option("--host-dir", default="/usr/local/vgpu", show_default=True, help="The host's library directory.")
+@click.option("--sha256", metavar="HEX", help="Pin the library's sha256 (else the image's manifest is used).")
+@click.option("--interval", type=click.FloatRange(min=0.5), default=10.0, show_default=True,
+              help="Agent re-check interval in seconds.")
+@click.option("--metrics-port", type=click.IntRange(min=0, max=65535), default=9400, show_default=True,
+              help="Prometheus metrics port; 0 turns metrics off.")
+@click.option("--max-unavailable", default="1", show_default=True, help="Rolling update: nodes updated at once (N or N%).")
+@click.option("--cpu-limit", default="200m", show_default=True, help="Container CPU limit.")
+@click.option("--memory-limit", default="128Mi", show_default=True, help="Container memory limit.")
+@click.option("--priority-class", default="system-node-critical", show_default=True,
+              help="Pod priority class; empty for none (system-node-critical is allowed in kube-system only).")
+@click.option("-o", "--output", type=click.Path(dir_okay=False, allow_dash=True, path_type=Path), default=Path("-"),
+              show_default=True, help="Write the manifest here ('-' = stdout).")
+@json_option
+def cli(image: str | None, namespace: str, name: str, node_selector: tuple[str, ...], host_dir: str, sha256: str | None,
+        interval: float, metrics_port: int, max_unavailable: str, cpu_limit: str, memory_limit: str,
+        priority_class: str, output: Path, as_json: bool) -> None:
+    """Render a DaemonSet that runs `vgpu-patch agent` on every GPU node.
+
+    hostPath mount of the library directory only, node selector for GPU nodes, RollingUpdate with
+    maxUnavailable, resource requests and limits, an exec readiness probe (`vgpu-patch agent --probe`),
+    and a narrow security context (root without privilege, capabilities dropped but CHOWN, read-only
+    root filesystem). With --json the manifest is printed as one JSON document instead of YAML.
+    """
+    from ..daemonset import DaemonSetOptions, parse_node_selector, render, render_yaml
+    from ..errors import UsageError
+
+    if sha256 and not re.match(r"^[0-9a-fA-F]{64}$", sha256):
+        raise UsageError(f"--sha256 {sha256!r}: expected 64 hex digits from the build manifest")
+    opts = DaemonSetOptions(
+        namespace=namespace, name=name, host_dir=host_dir, sha256=sha256.lower() if sha256 else None,
+        interval=interval, metrics_port=metrics_port or None, max_unavailable=max_unavailable,
+        cpu_limit=cpu_limit, memory_limit=memory_limit, priority_class=priority_class or None,
+    )
+    if image:
+        opts.image = image
+    if node_selector:
+        opts.node_selector = parse_node_selector(node_selector)
+    if as_json:
+        doc = render(opts)
+        if str(output) == "-":
+            emit_json(doc)
+            return
+        import json
+
+        output.write_text(json.dumps(doc, indent=2) + "\n")
+    else:
+        text = render_yaml(opts)
+        if str(output) == "-":
+            sys.stdout.write(text)
+            return
+        output.write_text(text)
+    click.echo(f"wrote {output}", err=True)

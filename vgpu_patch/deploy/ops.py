@@ -62,7 +62,7 @@ def plan_swap(
     if upload:
         yield Step("upload", f"upload {source} to {state}/staging/{want_sha}.so")
     yield Step("verify", f"verify sha256 {want_sha[:12]} of {'the staged file' if upload else source} on the node")
-    yield Step("verify", f"check it loads: LD_PRELOAD=<it> /bin/true")
+    yield Step("verify", "check it loads: LD_PRELOAD=<it> /bin/true")
     if live is not None:
         if facts.backup(live.sha256) is None:
             yield Step("backup", f"back up {live_path} ({live.sha256[:12]}) to {state}/backups/{live.sha256}.so")

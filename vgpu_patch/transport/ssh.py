@@ -108,6 +108,10 @@ class SSHTransport(Transport):
             client.set_missing_host_key_policy(
                 _HostKeyPolicy(self.known_hosts, self.accept_new_host_keys, _KNOWN_HOSTS_LOCK)
             )
+            missing = [k for k in self.key_filenames if not os.path.exists(k)]
+            if missing:
+                raise AuthFailure(f"{self.name}: identity file {missing[0]} does not exist; fix IdentityFile, "
+                                  f"ansible_ssh_private_key_file or -i")
             sock = None
             if self.jump is not None:
                 try:

@@ -3,7 +3,9 @@
  * before it has. Runs a kernel loop through vgpu_limiter_before_launch() and prints its wall time.
  *   limiter_sim MODE KERNEL_US COUNT      MODE: async (sync every 32 launches) | sync (after each)
  *                                               | sparse (sync, then 4x the kernel time on the CPU)
- * Prints: enabled=<0|1> wall_ms=<float> gpu_ms=<float> */
+ * Prints: enabled=<0|1> wall_ms=<float> gpu_ms=<float>
+ * With VGPU_SIM_REGION=1 it first attaches the shared region (CUDA_DEVICE_MEMORY_SHARED_CACHE),
+ * so the region's sm_limit and the monitor's utilization_switch apply. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,7 +13,9 @@
 
 #include "limiter/limiter.h"
 #include "limiter/limiter_int.h"
+#include "limits/limits.h"
 #include "log/log.h"
+#include "region/region.h"
 
 static long long gpu_free_at; /* ns, CLOCK_MONOTONIC */
 static long long ev_ts[1024];
@@ -111,6 +115,15 @@ int main(int argc, char **argv)
     if (argc != 4)
         return 2;
     vgpu_log_init_from_env();
+    if (getenv("VGPU_SIM_REGION")) {
+        vgpu_region_config_t cfg;
+        memset(&cfg, 0, sizeof cfg);
+        vgpu_limits_load_env();
+        vgpu_region_config_from_env(&cfg);
+        cfg.device_count = 1;
+        if (vgpu_region_attach(0, &cfg) != 0)
+            return 3;
+    }
     mode = argv[1];
     k_ns = atoll(argv[2]) * 1000;
     n = atoi(argv[3]);

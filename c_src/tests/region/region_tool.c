@@ -7,6 +7,8 @@
  *   sleep:MS  kill (SIGKILL ourselves)  detach  fork:STEPS (run ';'-separated steps in a child, wait)
  *   exec:STEPS              replace this image with a fresh region_tool running STEPS (same pid)
  *   lockhold:MS             hold the region lock for MS milliseconds
+ *   bench:N:BYTES           time N reserve+release pairs on device 0; prints ns per pair
+ *   benchcas:N:BYTES        the same with a process-local CAS counter (the fallback's cost)
  */
 #include <signal.h>
 #include <stddef.h>
@@ -66,6 +68,25 @@ static void msleep(long ms)
     nanosleep(&ts, 0);
 }
 
+static long long mono_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long)ts.tv_sec * 1000000000ll + ts.tv_nsec;
+}
+
+static uint64_t cas_used;
+
+static int cas_reserve(uint64_t limit, uint64_t bytes)
+{
+    uint64_t cur = __atomic_load_n(&cas_used, __ATOMIC_RELAXED);
+    do {
+        if (bytes > limit || cur > limit - bytes)
+            return -1;
+    } while (!__atomic_compare_exchange_n(&cas_used, &cur, cur + bytes, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED));
+    return 0;
+}
+
 static int step(char *s);
 
 static int run_steps(char *list)
@@ -118,6 +139,22 @@ static int step(char *s)
         fflush(stdout);
         msleep(d);
         vgpu_region_unlock();
+    } else if (sscanf(s, "bench:%d:%llu", &d, &n) == 2) {
+        long long t0 = mono_ns();
+        int i, bad = 0;
+        for (i = 0; i < d; i++) {
+            bad |= vgpu_region_reserve(0, n) != 0;
+            vgpu_region_release(0, n);
+        }
+        printf("bench ns=%.1f%s\n", (double)(mono_ns() - t0) / d, bad ? " refused" : "");
+    } else if (sscanf(s, "benchcas:%d:%llu", &d, &n) == 2) {
+        long long t0 = mono_ns();
+        int i, bad = 0;
+        for (i = 0; i < d; i++) {
+            bad |= cas_reserve(1ull << 40, n) != 0;
+            __atomic_fetch_sub(&cas_used, n, __ATOMIC_RELAXED);
+        }
+        printf("benchcas ns=%.1f%s\n", (double)(mono_ns() - t0) / d, bad ? " refused" : "");
     } else if (!strcmp(s, "kill")) {
         fflush(stdout);
         raise(SIGKILL);

@@ -1,0 +1,126 @@
+/* GPU program for tests/gpu/test_region_gpu.py (run under LD_PRELOAD=libvgpu.so on a real GPU).
+ * Driver entry points come from dlopen("libcuda.so.1") + dlsym, like tests/gpu/probe.c.
+ *   region_gpu hold MIB      allocate MIB in 512 MiB pieces (until refused), print, wait for a
+ *                            line on stdin, free, print cuMemGetInfo
+ *   region_gpu loop SECONDS  compute-bound kernel loop (a dependent FMA chain in one full wave of
+ *                            blocks, JIT-compiled from PTX): launches, sync every 8; prints kernels/s
+ * Prints key=value lines. */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <cuda.h>
+
+#define SYM(name) static __typeof__(&name) p_##name;
+#define LOAD(name) \
+    if (!(p_##name = (__typeof__(&name))dlsym(lib, #name))) { printf("missing=%s\n", #name); return 2; }
+#define FUNCS(X) X(cuInit) X(cuDeviceGet) X(cuDevicePrimaryCtxRetain) X(cuCtxSetCurrent) X(cuMemAlloc_v2) \
+    X(cuMemFree_v2) X(cuMemGetInfo_v2) X(cuModuleLoadData) X(cuModuleGetFunction) X(cuLaunchKernel) \
+    X(cuCtxSynchronize) X(cuDeviceGetAttribute)
+FUNCS(SYM)
+
+static const size_t MiB = 1 << 20;
+
+/* out[tid] = a long dependent FMA chain: SM-bound, no memory traffic */
+static const char PTX[] =
+    ".version 7.0\n.target sm_50\n.address_size 64\n"
+    ".visible .entry spin(.param .u64 out, .param .u32 iters)\n{\n"
+    "  .reg .pred p;\n  .reg .b32 r<4>;\n  .reg .f32 f<3>;\n  .reg .b64 rd<4>;\n"
+    "  ld.param.u64 rd1, [out];\n  ld.param.u32 r1, [iters];\n  mov.u32 r2, %tid.x;\n"
+    "  cvt.rn.f32.u32 f1, r2;\n  mov.f32 f2, 0f3F7FFFFE;\n  mov.u32 r3, 0;\n"
+    "LOOP:\n  fma.rn.f32 f1, f1, f2, 0f3F000000;\n  add.u32 r3, r3, 1;\n  setp.lt.u32 p, r3, r1;\n"
+    "  @p bra LOOP;\n"
+    "  cvta.to.global.u64 rd2, rd1;\n  mul.wide.u32 rd3, r2, 4;\n  add.u64 rd2, rd2, rd3;\n"
+    "  st.global.f32 [rd2], f1;\n  ret;\n}\n";
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static int do_hold(long mib)
+{
+    CUdeviceptr ptrs[1024];
+    size_t f = 0, t = 0;
+    int n = 0, i;
+    CUresult rc = CUDA_SUCCESS;
+    char line[16];
+
+    while (n < 1024 && (long)(n * 512) < mib && (rc = p_cuMemAlloc_v2(&ptrs[n], 512 * MiB)) == CUDA_SUCCESS)
+        n++;
+    p_cuMemGetInfo_v2(&f, &t);
+    printf("allocated_mib=%d\nlast_rc=%d\nfree=%zu\ntotal=%zu\nready=1\n", n * 512, rc, f, t);
+    fflush(stdout);
+    if (!fgets(line, sizeof line, stdin))
+        line[0] = 0;
+    for (i = 0; i < n; i++)
+        p_cuMemFree_v2(ptrs[i]);
+    return 0;
+}
+
+static int do_loop(double seconds)
+{
+    CUmodule mod;
+    CUfunction fn;
+    CUdeviceptr out;
+    unsigned iters = (unsigned)(getenv("SPIN_ITERS") ? atoi(getenv("SPIN_ITERS")) : 1 << 18);
+    int sms = 0, launched = 0;
+    void *args[2];
+    double t0, t1;
+    CUresult rc;
+
+    if ((rc = p_cuModuleLoadData(&mod, PTX)) || (rc = p_cuModuleGetFunction(&fn, mod, "spin")) ||
+        (rc = p_cuMemAlloc_v2(&out, 1024 * sizeof(float)))) {
+        printf("setup_rc=%d\n", rc);
+        return 1;
+    }
+    p_cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, 0);
+    args[0] = &out;
+    args[1] = &iters;
+    /* warm-up: JIT, clocks */
+    p_cuLaunchKernel(fn, (unsigned)sms * 4, 1, 1, 256, 1, 1, 0, 0, args, 0);
+    p_cuCtxSynchronize();
+    t0 = now_s();
+    t1 = t0;
+    while (t1 - t0 < seconds) {
+        if ((rc = p_cuLaunchKernel(fn, (unsigned)sms * 4, 1, 1, 256, 1, 1, 0, 0, args, 0)) != CUDA_SUCCESS) {
+            printf("launch_rc=%d\n", rc);
+            return 1;
+        }
+        if (++launched % 8 == 0) {
+            p_cuCtxSynchronize();
+            t1 = now_s();
+        }
+    }
+    p_cuCtxSynchronize();
+    t1 = now_s();
+    printf("sms=%d\nkernels=%d\nseconds=%.3f\nkernels_per_s=%.2f\n", sms, launched, t1 - t0, launched / (t1 - t0));
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    void *lib = dlopen("libcuda.so.1", RTLD_NOW);
+    CUdevice dev;
+    CUcontext ctx;
+
+    if (!lib || argc != 3) {
+        printf("usage_or_dlopen=failed\n");
+        return 2;
+    }
+    FUNCS(LOAD)
+    if (p_cuInit(0) || p_cuDeviceGet(&dev, 0) || p_cuDevicePrimaryCtxRetain(&ctx, dev) || p_cuCtxSetCurrent(ctx)) {
+        printf("init=failed\n");
+        return 1;
+    }
+    if (!strcmp(argv[1], "hold"))
+        return do_hold(atol(argv[2]));
+    if (!strcmp(argv[1], "loop"))
+        return do_loop(atof(argv[2]));
+    return 2;
+}

@@ -1,0 +1,97 @@
+"""Shared region and SM limiter on a real GPU (run on the H200: `pytest tests/gpu --gpu -s`).
+
+Prints the figures for docs/benchmarks.md:
+  two processes sharing CUDA_DEVICE_MEMORY_LIMIT=4g through one region file;
+  a compute-bound kernel loop bare, under the shim without SM limit, with CUDA_DEVICE_SM_LIMIT=100, 50, 25.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from .conftest import Gpu
+
+pytestmark = pytest.mark.gpu
+
+ROOT = Path(__file__).resolve().parents[2]
+MiB = 1 << 20
+GiB = 1 << 30
+LOOP_SECONDS = "4"
+
+
+@pytest.fixture(scope="module")
+def region_gpu(gpu: Gpu) -> Path:
+    from vgpu_patch.build import header_dir
+
+    out = gpu.tmp / "region_gpu"
+    cc = os.environ.get("CC", "gcc")
+    subprocess.run([cc, "-O2", "-Wall", f"-I{header_dir()}", str(ROOT / "c_src" / "tests" / "gpu" / "region_gpu.c"),
+                    "-o", str(out), "-ldl"], check=True)
+    return out
+
+
+def _kv(text: str) -> dict[str, str]:
+    return dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
+
+
+def _start_hold(exe: Path, env: dict, mib: int) -> tuple[subprocess.Popen, dict[str, str]]:
+    p = subprocess.Popen([str(exe), "hold", str(mib)], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    lines = []
+    while True:
+        line = p.stdout.readline()
+        if not line:
+            raise AssertionError(f"hold exited early: {p.stderr.read()}")
+        lines.append(line)
+        if line.startswith("ready="):
+            return p, _kv("".join(lines))
+
+
+def test_two_processes_share_a_4g_limit(gpu: Gpu, region_gpu: Path) -> None:
+    env = gpu.env("4g")  # one region file (CUDA_DEVICE_MEMORY_SHARED_CACHE) for both processes
+    a, ra = _start_hold(region_gpu, env, 3 * 1024)
+    try:
+        b, rb = _start_hold(region_gpu, env, 3 * 1024)
+        try:
+            show = subprocess.run([sys.executable, "-m", "vgpu_patch.cli", "region", "show", "--json",
+                                   env["CUDA_DEVICE_MEMORY_SHARED_CACHE"]], capture_output=True, text=True,
+                                  cwd=ROOT, timeout=60)
+            doc = json.loads(show.stdout)
+        finally:
+            b.communicate("\n", timeout=60)
+    finally:
+        a.communicate("\n", timeout=60)
+    print(f"\nFIGURE two-process 4 GiB limit: A got {ra['allocated_mib']} MiB, B got {rb['allocated_mib']} MiB "
+          f"(then rc={rb['last_rc']}), B sees total={int(rb['total']) // MiB} MiB free={int(rb['free']) // MiB} MiB; "
+          f"region used={doc['devices'][0]['used'] // MiB} MiB uuid={doc['devices'][0]['uuid']}")
+    assert int(ra["allocated_mib"]) == 3 * 1024
+    assert int(rb["allocated_mib"]) == 1024 and rb["last_rc"] == "2"  # CUDA_ERROR_OUT_OF_MEMORY
+    assert int(rb["total"]) == 4 * GiB and int(rb["free"]) == 0
+    assert doc["devices"][0]["used"] == 4 * GiB and doc["devices"][0]["uuid"].startswith("GPU-")
+    assert len(doc["procs"]) == 2
+
+
+def _loop(gpu: Gpu, exe: Path, preload: bool, **extra: str) -> float:
+    env = gpu.env(None, preload=preload, **extra)
+    p = subprocess.run([str(exe), "loop", LOOP_SECONDS], env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    return float(_kv(p.stdout)["kernels_per_s"])
+
+
+def test_sm_limit_scales_a_compute_bound_loop(gpu: Gpu, region_gpu: Path) -> None:
+    bare = _loop(gpu, region_gpu, preload=False)
+    shim = _loop(gpu, region_gpu, preload=True)
+    full = _loop(gpu, region_gpu, preload=True, CUDA_DEVICE_SM_LIMIT="100")
+    half = _loop(gpu, region_gpu, preload=True, CUDA_DEVICE_SM_LIMIT="50")
+    quarter = _loop(gpu, region_gpu, preload=True, CUDA_DEVICE_SM_LIMIT="25")
+    print(f"\nFIGURE compute-bound loop kernels/s: bare {bare:.1f}, shim {shim:.1f} ({shim / bare:.3f}x), "
+          f"SM_LIMIT=100 {full:.1f} ({full / bare:.3f}x), SM_LIMIT=50 {half:.1f} ({half / bare:.3f}x), "
+          f"SM_LIMIT=25 {quarter:.1f} ({quarter / bare:.3f}x)")
+    assert full / bare > 0.97  # 100 = no limit: unchanged
+    assert 0.40 < half / bare < 0.60  # 50 halves it
+    assert 0.18 < quarter / bare < 0.35
