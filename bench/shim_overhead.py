@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -30,7 +31,8 @@ METRICS = ["launch_ns", "alloc_free_ns", "meminfo_ns", "pair_10_live_ns", "pair_
 
 def compile_bench(out: Path, *defines: str) -> Path:
     exe = out / "gpu_overhead"
-    subprocess.run(["gcc", "-O2", "-Wall", "-Wextra", "-Werror", *[f"-D{d}" for d in defines], f"-I{header_dir()}",
+    cc = ["gcc"] if shutil.which("gcc") else [sys.executable, "-m", "ziglang", "cc"]
+    subprocess.run(cc + ["-O2", "-Wall", "-Wextra", "-Werror", *[f"-D{d}" for d in defines], f"-I{header_dir()}",
                     str(REPO / "bench" / "gpu_overhead.c"), "-o", str(exe), "-ldl"], check=True)
     return exe
 

@@ -5,6 +5,17 @@
 #include "accounting/table.h"
 #include "interpose/real.h"
 
+/* CUDA 13 pool attributes by value, so 12.x headers build too: the driver decides whether it knows them */
+#if CUDA_VERSION >= 13000
+#define POOL_ATTR_LOCATION_ID CU_MEMPOOL_ATTR_LOCATION_ID
+#define POOL_ATTR_LOCATION_TYPE CU_MEMPOOL_ATTR_LOCATION_TYPE
+#else
+#define POOL_ATTR_LOCATION_ID ((CUmemPool_attribute)11)
+#define POOL_ATTR_LOCATION_TYPE ((CUmemPool_attribute)12)
+#endif
+/* CUmemLocationType values (host NUMA kinds arrived in CUDA 12.2) */
+enum { LOC_DEVICE = 1, LOC_HOST = 2, LOC_HOST_NUMA = 3, LOC_HOST_NUMA_CURRENT = 4 };
+
 static int device_count = -1; /* cached after cuInit; -1 = not known yet */
 
 /* bound is the driver's device count once known, VGPU_MAX_DEVICES before */
@@ -42,12 +53,12 @@ VGPU_HIDDEN int vgpu_dev_from_location(const CUmemLocation *loc)
 {
     if (!loc)
         return VGPU_DEV_UNKNOWN;
-    switch (loc->type) {
-    case CU_MEM_LOCATION_TYPE_DEVICE:
+    switch ((int)loc->type) {
+    case LOC_DEVICE:
         return vgpu_dev_check(loc->id);
-    case CU_MEM_LOCATION_TYPE_HOST:
-    case CU_MEM_LOCATION_TYPE_HOST_NUMA:
-    case CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT:
+    case LOC_HOST:
+    case LOC_HOST_NUMA:
+    case LOC_HOST_NUMA_CURRENT:
         return VGPU_DEV_HOST;
     default:
         return VGPU_DEV_UNKNOWN;
@@ -116,8 +127,8 @@ VGPU_HIDDEN int vgpu_dev_from_pool(CUmemoryPool pool, CUstream stream)
     if (vgpu_table_get((uint64_t)(uintptr_t)pool, VGPU_K_POOL, &dev, &unused))
         return dev;
     /* an imported pool: its own location (CUDA 13 attributes), remembered for next time */
-    if (REAL(cuMemPoolGetAttribute)(pool, CU_MEMPOOL_ATTR_LOCATION_TYPE, &type) == CUDA_SUCCESS &&
-        REAL(cuMemPoolGetAttribute)(pool, CU_MEMPOOL_ATTR_LOCATION_ID, &id) == CUDA_SUCCESS) {
+    if (REAL(cuMemPoolGetAttribute)(pool, POOL_ATTR_LOCATION_TYPE, &type) == CUDA_SUCCESS &&
+        REAL(cuMemPoolGetAttribute)(pool, POOL_ATTR_LOCATION_ID, &id) == CUDA_SUCCESS) {
         CUmemLocation loc = {.type = (CUmemLocationType)type, .id = id};
         dev = vgpu_dev_from_location(&loc);
         vgpu_table_put((uint64_t)(uintptr_t)pool, VGPU_K_POOL, dev, 0);

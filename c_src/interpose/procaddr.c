@@ -2,6 +2,9 @@
  * query means (per-thread-stream variants included); we only swap the pointer it returns for
  * our wrapper when it is the real address of a function we wrap. */
 #include <cuda.h>
+#if CUDA_VERSION < 12000
+#error "the shim needs CUDA >= 12.0 headers (cuGetProcAddress_v2); use the nvidia-cuda-runtime wheel's cuda.h"
+#endif
 #undef cuGetProcAddress /* cuda.h maps it to _v2; we also export the original 4-argument one */
 
 #include "interpose/real.h"

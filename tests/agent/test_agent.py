@@ -103,7 +103,7 @@ def test_copy_back_is_reverted_by_polling(running: Agent, image: Image, host: Ho
     wait_for(lambda: running.status.reapplies == 1 and sha(host.live) == image.sha256)
     # the plugin writes its versioned name as well: the agent follows the live-file rule
     (host.libdir / "libvgpu.so.2.5.0").write_bytes(vendor.read_bytes())
-    wait_for(lambda: sha(host.libdir / "libvgpu.so.2.5.0") == image.sha256)
+    wait_for(lambda: running.status.reapplies == 2 and sha(host.libdir / "libvgpu.so.2.5.0") == image.sha256)
     assert host.history()[-1]["path"] == "/usr/local/vgpu/libvgpu.so.2.5.0"
 
 
@@ -156,3 +156,40 @@ def test_status_file_and_metrics(running: Agent, image: Image, host: Host, tmp_p
         server.shutdown()
     doc = json.loads((tmp_path / "run" / "agent.json").read_text())
     assert doc["ready"] and doc["want_sha256"] == image.sha256 and doc["watch"] == "inotify"
+
+
+def test_the_real_command_serves_metrics_repairs_and_stops_on_sigterm(image: Image, host: Host, vendor: Path,
+                                                                         tmp_path: Path) -> None:
+    import os
+    import signal
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    repo = Path(__file__).resolve().parents[2]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "vgpu_patch.cli", "agent", *args(image, host, "--interval", "30", "--metrics-port",
+         str(port), "--metrics-addr", "127.0.0.1", "--status-file", str(tmp_path / "agent.json"), "--json")],
+        cwd=repo, env={**os.environ, "NODE_NAME": "gpu-node-7"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        def metrics() -> str:
+            try:
+                return urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read().decode()
+            except OSError:
+                return ""
+
+        wait_for(lambda: "vgpu_patch_agent_ready 1" in metrics())
+        hami_copy_back(vendor, host.live)
+        wait_for(lambda: "vgpu_patch_agent_reapplies_total 1" in metrics() and sha(host.live) == image.sha256)
+        assert host.history()[-1]["operator"] == "agent@gpu-node-7"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=TIMEOUT)
+    assert proc.returncode == 0, err
+    doc = json.loads(out)  # --json: one document, the final status
+    assert doc["reapplies"] == 1 and doc["ready"] and doc["node"] == "gpu-node-7"
+    assert "reapply: /usr/local/vgpu/libvgpu.so" in err

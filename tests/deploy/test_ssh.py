@@ -238,3 +238,42 @@ def test_connection_killed_during_the_swap_script(fresh_sshd: SSHD, tmp_path: Pa
                 time.sleep(0.1)
         assert node_status(t2, str(d)).sha256 == sha(libs["v1"])
     assert leftovers(d) == []  # the rerun removed whatever a SIGKILLed script left
+
+
+def test_status_over_ssh_counts_processes_on_the_old_library(sshd_sudo: SSHD, tmp_path: Path, libs) -> None:
+    """Reading other processes' maps needs root: the sudo path must see a root-owned process."""
+    import subprocess
+    import sys
+
+    d = lib_dir(tmp_path, libs["vendor"])
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import ctypes, sys; lib = ctypes.CDLL(sys.argv[1]); print('ready', flush=True); "
+         "sys.stdin.readline(); print(lib.vgpu_test_version())", str(d / "libvgpu.so")],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        with transport(sshd_sudo) as t:
+            r = deploy_file(t, libs["v1"], str(d), operator="x")
+            assert child.pid in r.stale_pids
+            st = node_status(t, str(d))
+            assert child.pid in st.stale_pids and st.sha256 == sha(libs["v1"])
+        out, _ = child.communicate("go\n", timeout=30)
+    finally:
+        if child.poll() is None:
+            child.kill()
+    assert child.returncode == 0 and out.strip() == "7"  # still running the old (vendor) code, no SIGBUS
+
+
+def test_yaml_inventory_and_limit_through_the_cli(sshd_root: SSHD, fresh_sshd: SSHD, tmp_path: Path, libs) -> None:
+    from sshd_harness import inventory_yaml
+
+    d = lib_dir(tmp_path, libs["vendor"])
+    inv = inventory_yaml([sshd_root, fresh_sshd], tmp_path / "hosts.yml", group="gpu")
+    kh = known_hosts_file([sshd_root, fresh_sshd], tmp_path / "known_hosts")
+    res = CliRunner().invoke(cli, ["deploy", "--no-check", *NO_SUDO, "-I", str(inv), "--limit", fresh_sshd.alias,
+                                   "--known-hosts", str(kh), "--target-dir", str(d), "--json", str(libs["v2"])])
+    assert res.exit_code == 0, res.output
+    nodes = json.loads(res.stdout)["nodes"]
+    assert [n["node"] for n in nodes] == [fresh_sshd.alias] and nodes[0]["status"] == "changed"
+    assert (d / "libvgpu.so").read_bytes() == libs["v2"].read_bytes()

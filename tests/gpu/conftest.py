@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -64,7 +65,8 @@ def gpu(tmp_path_factory: pytest.TempPathFactory) -> Gpu:
     except Exception:  # no gcc on the GPU host: the default toolchain (zig) then
         shim = build_shim(tmp / "shim").library
     probe = tmp / "probe"
-    cc = os.environ.get("CC", "gcc")
-    subprocess.run([cc, "-O2", "-Wall", f"-I{header_dir()}", str(HERE / "probe.c"), "-o", str(probe), "-ldl",
-                    "-lpthread"], check=True)
+    cc = [os.environ["CC"]] if os.environ.get("CC") else ["gcc"] if shutil.which("gcc") else [
+        sys.executable, "-m", "ziglang", "cc"]
+    subprocess.run(cc + ["-O2", "-Wall", f"-I{header_dir()}", str(HERE / "probe.c"), "-o", str(probe), "-ldl",
+                         "-lpthread"], check=True)
     return Gpu(shim, probe, tmp)

@@ -2,7 +2,8 @@
  * Entry points come from dlopen("libcuda.so.1") + dlsym. Prints "key=value" lines.
  *   probe limit        cuMemGetInfo / cuDeviceTotalMem, then 512 MiB allocations until refused
  *   probe vmm          cuMemCreate (device and host-NUMA locations) + map, from a context-less thread
- *   probe async        cuMemAllocAsync / cuMemFreeAsync on a stream, from a context-less thread */
+ *   probe async        cuMemAllocAsync / cuMemFreeAsync on a stream, from a context-less thread
+ *   probe gpa          the CUDA runtime's path: every entry point from cuGetProcAddress_v2 (per-thread flags) */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <pthread.h>
@@ -102,6 +103,43 @@ static void *async_thread(void *arg)
     return NULL;
 }
 
+typedef CUresult (*gpa_t)(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *);
+
+static int do_gpa(void *lib)
+{
+    gpa_t gpa = (gpa_t)dlsym(lib, "cuGetProcAddress_v2");
+    const cuuint64_t ptds = CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM;
+    CUresult (*alloc)(CUdeviceptr *, size_t), (*afree)(CUdeviceptr), (*info)(size_t *, size_t *);
+    CUresult (*aasync)(CUdeviceptr *, size_t, CUstream), (*launch)(CUfunction, unsigned, unsigned, unsigned,
+                                                                   unsigned, unsigned, unsigned, unsigned, CUstream,
+                                                                   void **, void **);
+    CUdriverProcAddressQueryResult st;
+    CUdeviceptr p[16], a;
+    size_t f = 0, t = 0;
+    Dl_info di;
+    int n = 0;
+    CUresult rc;
+
+    if (!gpa)
+        return 2;
+    gpa("cuMemAlloc", (void **)&alloc, CUDA_VERSION, ptds, &st);
+    gpa("cuMemFree", (void **)&afree, CUDA_VERSION, ptds, &st);
+    gpa("cuMemGetInfo", (void **)&info, CUDA_VERSION, ptds, &st);
+    gpa("cuMemAllocAsync", (void **)&aasync, CUDA_VERSION, ptds, &st);
+    gpa("cuLaunchKernel", (void **)&launch, CUDA_VERSION, ptds, &st);
+    printf("launch_in_shim=%d\n", launch && dladdr((void *)launch, &di) && strstr(di.dli_fname, "libvgpu") != NULL);
+    printf("async_in_shim=%d\n", aasync && dladdr((void *)aasync, &di) && strstr(di.dli_fname, "libvgpu") != NULL);
+    info(&f, &t);
+    printf("gpa_total=%zu\n", t);
+    while (n < 16 && (rc = alloc(&p[n], 1024 * MiB)) == CUDA_SUCCESS)
+        n++;
+    printf("gpa_allocated_1g=%d\ngpa_refused_rc=%d\n", n, rc);
+    printf("gpa_async_over_rc=%d\n", aasync(&a, 1024 * MiB, CU_STREAM_PER_THREAD));
+    while (n--)
+        afree(p[n]);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     void *lib = dlopen("libcuda.so.1", RTLD_NOW);
@@ -119,6 +157,8 @@ int main(int argc, char **argv)
     p_cuCtxSetCurrent(ctx);
     if (!strcmp(argv[1], "limit"))
         return do_limit();
+    if (!strcmp(argv[1], "gpa"))
+        return do_gpa(lib);
     if (!strcmp(argv[1], "vmm")) {
         pthread_create(&t, NULL, vmm_thread, NULL);
         pthread_join(t, NULL);

@@ -45,6 +45,15 @@ def test_stream_ordered_on_contextless_thread(gpu: Gpu) -> None:
         "0", "2", "0", "0", "0")
 
 
+def test_runtime_path_through_get_proc_address(gpu: Gpu) -> None:
+    """What cudart (and so PyTorch) does: all entry points from cuGetProcAddress_v2, per-thread flags."""
+    r = gpu.probe_run("gpa", "4g")
+    assert r["launch_in_shim"] == "1" and r["async_in_shim"] == "1"
+    assert int(r["gpa_total"]) == 4 * GiB
+    assert r["gpa_allocated_1g"] == "4" and r["gpa_refused_rc"] == "2"
+    assert r["gpa_async_over_rc"] == "2"
+
+
 TORCH_LIMIT = """
 import json, torch
 free, total = torch.cuda.mem_get_info()

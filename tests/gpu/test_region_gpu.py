@@ -92,6 +92,6 @@ def test_sm_limit_scales_a_compute_bound_loop(gpu: Gpu, region_gpu: Path) -> Non
     print(f"\nFIGURE compute-bound loop kernels/s: bare {bare:.1f}, shim {shim:.1f} ({shim / bare:.3f}x), "
           f"SM_LIMIT=100 {full:.1f} ({full / bare:.3f}x), SM_LIMIT=50 {half:.1f} ({half / bare:.3f}x), "
           f"SM_LIMIT=25 {quarter:.1f} ({quarter / bare:.3f}x)")
-    assert full / bare > 0.97  # 100 = no limit: unchanged
+    assert full / bare > 0.95  # 100 = no limit: unchanged (within run-to-run clock noise)
     assert 0.40 < half / bare < 0.60  # 50 halves it
     assert 0.18 < quarter / bare < 0.35

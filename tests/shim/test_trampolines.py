@@ -141,3 +141,50 @@ def test_shim_posing_as_libcuda_aborts_with_a_clear_message(env: Env) -> None:
     p = subprocess.run([str(exe)], env=e, capture_output=True, text=True, timeout=60)
     assert p.returncode == -6, (p.returncode, p.stderr)  # SIGABRT
     assert "two copies of libvgpu are loaded" in p.stderr
+
+
+RACE = r"""
+#include <cuda.h>
+#include <pthread.h>
+#include <stdio.h>
+
+#define N 32
+static pthread_barrier_t go;
+static CUresult rcs[N][3];
+
+static void *first_calls(void *arg)
+{
+    long i = (long)arg;
+    int n = 0;
+    CUdevice d;
+    pthread_barrier_wait(&go);
+    /* every thread's first call lands in an empty slot at the same moment */
+    rcs[i][0] = (i & 1) ? cuInit(0) : cuDeviceGetCount(&n);
+    rcs[i][1] = cuInit(0);
+    rcs[i][2] = cuDeviceGet(&d, 0);
+    return NULL;
+}
+
+int main(void)
+{
+    pthread_t t[N];
+    long i;
+    int bad = 0;
+    pthread_barrier_init(&go, NULL, N);
+    for (i = 0; i < N; i++)
+        pthread_create(&t[i], NULL, first_calls, (void *)i);
+    for (i = 0; i < N; i++)
+        pthread_join(t[i], NULL);
+    for (i = 0; i < N; i++)
+        bad += ((i & 1) ? rcs[i][0] != 0 : (rcs[i][0] != 0 && rcs[i][0] != 3)) || rcs[i][1] != 0 || rcs[i][2] != 0;
+    printf("bad=%d\n", bad);
+    return 0;
+}
+"""
+
+
+def test_first_calls_race_from_many_threads(env: Env) -> None:
+    exe = env.compile_c("race", RACE, f"-L{env.fake_dir}", "-l:libcuda.so.1")
+    for _ in range(5):
+        child = env.run_c(exe)
+        assert child.rc == 0 and child.stdout.strip() == "bad=0", (child.rc, child.stdout, child.stderr)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from ..deploy import facts as F
 from ..deploy.swap import SwapResult, deploy_file, rollback
-from ..errors import VgpuPatchError
+from ..errors import IntegrityError, VgpuPatchError
 from ..transport.local import LocalTransport
 from .image import ImageLibrary, expected_sha256, verify_image
 from .status import AgentStatus, utc_now, write_status
@@ -84,7 +84,7 @@ class Agent:
     def ensure(self, *, startup: bool) -> str:
         """Look at the live file and act; returns ok | deploy | reapply | yielded."""
         s = self.status
-        sig = self.signature()
+        sig = self.signature()  # taken before hashing: a change after it shows up as a new signature
         facts = F.gather(self.t, self.dir, history=5, maps=False)
         live = F.choose_live(facts, self.t.name)
         s.checks += 1
@@ -115,7 +115,9 @@ class Agent:
         s = self.status
         s.live_path, s.live_sha256 = res.path, res.to_sha256
         s.state = "ok"
-        self._good_sig = self.signature()
+        # Not a fresh signature: another writer may already have struck since the rename. The next pass
+        # hashes the file and takes the signature from before that hash (see ensure()).
+        self._good_sig = None
         if not res.changed:
             return
         if action == "reapply":
@@ -209,7 +211,10 @@ def probe(library: Path, host_root: Path, target_dir: str, *, sha256: str | None
     except VgpuPatchError:
         from ..deploy.candidate import sha256_file
 
-        want = sha256_file(library)  # no manifest: the library itself is the reference
+        try:
+            want = sha256_file(library)  # no manifest: the library itself is the reference
+        except OSError as e:
+            raise IntegrityError(f"{library}: cannot read the image library ({e.strerror}); check --library") from e
     t = LocalTransport(host_root, name="probe")
     facts = F.gather(t, target_dir.rstrip("/") or "/", history=1, maps=False)
     live = F.choose_live(facts, t.name)

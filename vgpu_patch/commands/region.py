@@ -51,9 +51,12 @@ def _render(r: Region) -> None:
 def cli() -> None:
     """Inspect HAMi shared-region files (CUDA_DEVICE_MEMORY_SHARED_CACHE).
 
+    On a HAMi node the file lives under the container's directory in /usr/local/vgpu/containers/;
+    inside the container, $CUDA_DEVICE_MEMORY_SHARED_CACHE names it.
+
     \b
     Example:
-      vgpu-patch region show /usr/local/vgpu/containers/<pod>_<ctr>/<uuid>.cache
+      vgpu-patch region show "$CUDA_DEVICE_MEMORY_SHARED_CACHE"
     """
 
 

@@ -74,18 +74,27 @@ class NodeStatus:
         return asdict(self)
 
 
-def _json_with_time(doc: dict) -> tuple[str, str]:
-    """Split a JSON object at its "time" value so the node's clock fills it in."""
-    text = json.dumps({"time": "@@TIME@@", **doc}, separators=(", ", ": "))
+def _json_with_time(doc: dict, key: str = "time") -> tuple[str, str]:
+    """Split a JSON object at its time value so the node's clock fills it in."""
+    text = json.dumps({key: "@@TIME@@", **doc}, separators=(", ", ": "))
     before, after = text.split("@@TIME@@")
     return before, after
+
+
+def _backup_manifest(live: F.LibFile | None, operator: str, tool: str) -> tuple[str, str] | None:
+    """backups/<sha256>.json for the file being replaced (docs/node-state.md), split for the node's clock."""
+    if live is None:
+        return None
+    return _json_with_time(
+        {"sha256": live.sha256, "size": live.size, "path": live.path, "operator": operator, "tool": tool},
+        key="saved_at",
+    )
 
 
 def _swap_script(
     *,
     real_dir: str,
     live_real: str,
-    live_node: str,
     want: str,
     planned_from: str | None,
     upload_real: str | None,
@@ -261,26 +270,25 @@ def deploy_file(
         result.pending = True
         return result
     upload = f"/tmp/.vgpu-patch-upload-{cand.sha256[:12]}-{secrets.token_hex(6)}"
-    t.put(cand.path, upload)
-    if hooks and hooks.after_upload:
-        hooks.after_upload(t.path(upload))
     record = {"action": action, "path": live_path, "from_sha256": result.from_sha256, "to_sha256": cand.sha256,
               "operator": operator, "tool": tool}
-    backup_doc = None
-    if live is not None:
-        backup_doc = _json_with_time({"sha256": live.sha256, "size": live.size, "path": live_path,
-                                      "operator": operator, "tool": tool})
-        backup_doc = (backup_doc[0].replace('"time"', '"saved_at"', 1), backup_doc[1])
     script = _swap_script(
-        real_dir=t.path(node_dir), live_real=t.path(live_path), live_node=live_path, want=cand.sha256,
+        real_dir=t.path(node_dir), live_real=t.path(live_path), want=cand.sha256,
         planned_from=result.from_sha256, upload_real=t.path(upload), source_real=None,
-        history_line=_json_with_time(record), backup_json=backup_doc, byte_compare=False,
-        in_lock=hooks.in_lock if hooks else "",
+        history_line=_json_with_time(record), backup_json=_backup_manifest(live, operator, tool),
+        byte_compare=False, in_lock=hooks.in_lock if hooks else "",
     )
     try:
+        t.put(cand.path, upload)
+        if hooks and hooks.after_upload:
+            hooks.after_upload(t.path(upload))
         state, mapped, bk, ino = _run_swap(t, script, node_dir)
     except BaseException:
-        t.run(f"rm -f {shlex.quote(t.path(upload))}", sudo=True, warn=True) if _alive(t) else None
+        if _alive(t):  # the script removes the upload itself; this covers failures before it ran
+            try:
+                t.run(f"rm -f {shlex.quote(t.path(upload))}", sudo=True, warn=True, timeout=30)
+            except Exception:  # noqa: BLE001 - never mask the real failure with a cleanup one
+                pass
         raise
     if state == "noop":
         result.plan = [Step("noop", f"{live_path} reached sha256 {cand.sha256[:12]} meanwhile: nothing to do")]
@@ -350,15 +358,10 @@ def rollback(
         return result
     record = {"action": "rollback", "path": live_path, "from_sha256": result.from_sha256, "to_sha256": want,
               "operator": operator, "tool": tool}
-    backup_doc = None
-    if live is not None:
-        b = _json_with_time({"sha256": live.sha256, "size": live.size, "path": live_path, "operator": operator,
-                             "tool": tool})
-        backup_doc = (b[0].replace('"time"', '"saved_at"', 1), b[1])
     script = _swap_script(
-        real_dir=t.path(node_dir), live_real=t.path(live_path), live_node=live_path, want=want,
+        real_dir=t.path(node_dir), live_real=t.path(live_path), want=want,
         planned_from=result.from_sha256, upload_real=None, source_real=t.path(src_node),
-        history_line=_json_with_time(record), backup_json=backup_doc, byte_compare=True,
+        history_line=_json_with_time(record), backup_json=_backup_manifest(live, operator, tool), byte_compare=True,
         in_lock=hooks.in_lock if hooks else "",
     )
     state, mapped, bk, ino = _run_swap(t, script, node_dir)

@@ -26,7 +26,7 @@ static const size_t MiB = 1 << 20;
 
 /* out[tid] = a long dependent FMA chain: SM-bound, no memory traffic */
 static const char PTX[] =
-    ".version 7.0\n.target sm_50\n.address_size 64\n"
+    ".version 7.0\n.target sm_75\n.address_size 64\n"
     ".visible .entry spin(.param .u64 out, .param .u32 iters)\n{\n"
     "  .reg .pred p;\n  .reg .b32 r<4>;\n  .reg .f32 f<3>;\n  .reg .b64 rd<4>;\n"
     "  ld.param.u64 rd1, [out];\n  ld.param.u32 r1, [iters];\n  mov.u32 r2, %tid.x;\n"
