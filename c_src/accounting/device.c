@@ -5,14 +5,10 @@
 #include "accounting/table.h"
 #include "interpose/real.h"
 
-/* CUDA 13 pool attributes by value, so 12.x headers build too: the driver decides whether it knows them */
-#if CUDA_VERSION >= 13000
-#define POOL_ATTR_LOCATION_ID CU_MEMPOOL_ATTR_LOCATION_ID
-#define POOL_ATTR_LOCATION_TYPE CU_MEMPOOL_ATTR_LOCATION_TYPE
-#else
+/* Pool location attributes by value (CUDA 13 numbering): they entered cuda.h during 13.x, so 12.x and
+ * early 13.0 headers lack the names. A driver that does not know them answers an error, which we handle. */
 #define POOL_ATTR_LOCATION_ID ((CUmemPool_attribute)11)
 #define POOL_ATTR_LOCATION_TYPE ((CUmemPool_attribute)12)
-#endif
 /* CUmemLocationType values (host NUMA kinds arrived in CUDA 12.2) */
 enum { LOC_DEVICE = 1, LOC_HOST = 2, LOC_HOST_NUMA = 3, LOC_HOST_NUMA_CURRENT = 4 };
 

@@ -375,3 +375,32 @@ def test_fleet_result_raises_one_error_carrying_every_node(tmp_path: Path, libs)
     assert set(e.value.results) == {"n0", "n1", "n2", "n3"} and e.value.exit_code == 3
     res = run_fleet(specs, op, make_transport, parallel=2, canary=0, keep_going=False)
     assert res.exit_code() == 3  # the failed node's neighbours are already on v1
+
+
+def test_live_file_rewritten_in_place_between_plan_and_swap(node, libs) -> None:
+    """HAMi's plugin `cp`s over the live file outside any lock: the swap records what it really replaced."""
+    t, d = node
+
+    def hami_copy_back(_: str) -> None:
+        with open(libs["v3"], "rb") as src, open(d / "libvgpu.so", "r+b") as out:
+            out.truncate(0)
+            shutil.copyfileobj(src, out)
+
+    r = deploy_file(t, libs["v1"], DIR, operator="a", hooks=SwapHooks(after_upload=hami_copy_back))
+    assert r.changed and r.from_sha256 == sha(libs["v3"])
+    assert (d / "libvgpu.so").read_bytes() == libs["v1"].read_bytes()
+    assert (d / ".vgpu-patch" / "backups" / f"{sha(libs['v3'])}.so").read_bytes() == libs["v3"].read_bytes()
+    (entry,) = [json.loads(x) for x in (d / ".vgpu-patch" / "history.jsonl").read_text().splitlines()]
+    assert entry["from_sha256"] == sha(libs["v3"])
+    assert rollback(t, DIR, operator="a").to_sha256 == sha(libs["v3"])
+
+
+def test_operator_text_is_recorded_verbatim(node, libs) -> None:
+    t, d = node
+    who = 'ops "night" 100% \\ ünïcode'
+    deploy_file(t, libs["v1"], DIR, operator=who, tool="tool %s \\n")
+    (entry,) = [json.loads(x) for x in (d / ".vgpu-patch" / "history.jsonl").read_text().splitlines()]
+    assert entry["operator"] == who and entry["tool"] == "tool %s \\n"
+    manifest = json.loads((d / ".vgpu-patch" / "backups" / f"{sha(libs['vendor'])}.json").read_text())
+    assert manifest["operator"] == who and manifest["size"] == libs["vendor"].stat().st_size
+    assert manifest["saved_at"] == entry["time"] and entry["time"].endswith("Z")

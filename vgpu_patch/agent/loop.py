@@ -115,9 +115,7 @@ class Agent:
         s = self.status
         s.live_path, s.live_sha256 = res.path, res.to_sha256
         s.state = "ok"
-        # Not a fresh signature: another writer may already have struck since the rename. The next pass
-        # hashes the file and takes the signature from before that hash (see ensure()).
-        self._good_sig = None
+        self._good_sig = None  # another writer may already have struck since the rename
         if not res.changed:
             return
         if action == "reapply":
@@ -179,14 +177,13 @@ class Agent:
             self.step(startup=True)
             startup = self.status.state == "error"  # keep trying the install until it has succeeded once
             while not self._stop.is_set():
-                self._watcher.wait(self.cfg.interval)
+                woke = self._watcher.wait(self.cfg.interval)
                 if self._stop.is_set():
                     break
-                if not startup and self.signature() == self._good_sig and self.status.state == "ok":
-                    self.status.checks += 1
-                    self.status.last_check, self.status.last_check_unix = utc_now(), time.time()
-                    continue
-                self._settled()
+                # Every wake-up hashes the live file (a few ms): inode, size and mtime alone can miss an
+                # in-place rewrite within one timestamp tick. An event first waits for the writer to finish.
+                if woke or self.signature() != self._good_sig:
+                    self._settled()
                 self.step(startup=startup)
                 startup = startup and self.status.state == "error"
         finally:

@@ -24,7 +24,7 @@ DEFAULT_DIR = "/usr/local/vgpu"
 DEFAULT_TOOL = f"vgpu-patch {__version__}"
 
 # exit codes of the swap script
-_LOCKED, _MISMATCH, _NOLOAD, _MOVED, _VERIFY, _WRITE = 75, 65, 66, 67, 68, 71
+_LOCKED, _MISMATCH, _NOLOAD, _VERIFY, _WRITE = 75, 65, 66, 68, 71
 
 
 @dataclass
@@ -74,21 +74,39 @@ class NodeStatus:
         return asdict(self)
 
 
-def _json_with_time(doc: dict, key: str = "time") -> tuple[str, str]:
-    """Split a JSON object at its time value so the node's clock fills it in."""
-    text = json.dumps({key: "@@TIME@@", **doc}, separators=(", ", ": "))
-    before, after = text.split("@@TIME@@")
-    return before, after
+@dataclass(frozen=True)
+class _Shell:
+    """A JSON value the swap script computes itself: a shell variable already holding JSON."""
+
+    var: str
 
 
-def _backup_manifest(live: F.LibFile | None, operator: str, tool: str) -> tuple[str, str] | None:
-    """backups/<sha256>.json for the file being replaced (docs/node-state.md), split for the node's clock."""
-    if live is None:
-        return None
-    return _json_with_time(
-        {"sha256": live.sha256, "size": live.size, "path": live.path, "operator": operator, "tool": tool},
-        key="saved_at",
-    )
+def _printf_json(doc: dict) -> str:
+    """A `printf` command writing `doc` as one JSON line, _Shell values filled in on the node."""
+    parts, args = [], []
+    for key, value in doc.items():
+        if isinstance(value, _Shell):
+            parts.append(f"{json.dumps(key)}: %s")
+            args.append(f'"${value.var}"')
+        else:  # a literal: escape what printf would interpret in its format
+            parts.append(f"{json.dumps(key)}: {json.dumps(value)}".replace("\\", "\\\\").replace("%", "%%"))
+    fmt = "{" + ", ".join(parts) + "}\\n"
+    return "printf " + shlex.quote(fmt) + "".join(" " + a for a in args)
+
+
+# computed by the script: NOWJ (its clock), CURJ/FROMJ (the file it replaced, or null), SIZE
+_NOW, _CUR, _FROM, _SIZE = _Shell("NOWJ"), _Shell("CURJ"), _Shell("FROMJ"), _Shell("SIZE")
+
+
+def _history_printf(action: str, live_path: str, want: str, operator: str, tool: str) -> str:
+    return _printf_json({"time": _NOW, "action": action, "path": live_path, "from_sha256": _FROM,
+                         "to_sha256": want, "operator": operator, "tool": tool})
+
+
+def _manifest_printf(live_path: str, operator: str, tool: str) -> str:
+    """backups/<sha256>.json (docs/node-state.md) for the file actually copied aside."""
+    return _printf_json({"sha256": _CUR, "size": _SIZE, "path": live_path, "saved_at": _NOW,
+                         "operator": operator, "tool": tool})
 
 
 def _swap_script(
@@ -96,20 +114,19 @@ def _swap_script(
     real_dir: str,
     live_real: str,
     want: str,
-    planned_from: str | None,
     upload_real: str | None,
     source_real: str | None,
-    history_line: tuple[str, str],
-    backup_json: tuple[str, str] | None,
+    history_printf: str,
+    manifest_printf: str,
     byte_compare: bool,
     in_lock: str = "",
 ) -> str:
     q = shlex.quote
     name = live_real.rsplit("/", 1)[1]
     return f"""
-D={q(real_dir)}; S="$D/{F.STATE}"; LIVE={q(live_real)}; WANT={q(want)}; FROM={q(planned_from or '')}
+D={q(real_dir)}; S="$D/{F.STATE}"; LIVE={q(live_real)}; WANT={q(want)}
 UP={q(upload_real or '')}; SRC={q(source_real or '')}
-NOW=$(date -u +%Y-%m-%dT%H:%M:%SZ)
+NOW=$(date -u +%Y-%m-%dT%H:%M:%SZ); NOWJ="\\"$NOW\\""
 STG="$S/staging/$WANT.so"; TMP="$D/.{name}.vgpu-patch-tmp.$$"; BTMP=""; LOCKDIR=""
 trap '' HUP PIPE  # a dropped connection must not stop a swap half-way: finish it
 HELD=""
@@ -145,21 +162,25 @@ if [ "$got" != "$WANT" ]; then
 fi
 cur=""; [ -e "$LIVE" ] && cur=$(hash_of "$LIVE")
 if [ "$cur" = "$WANT" ]; then [ -n "$UP" ] && rm -f "$STG"; echo "@@noop"; exit 0; fi
-[ "$cur" = "$FROM" ] || fail {_MOVED} "the live file changed since the plan (now ${{cur:-absent}})"
 out=$(LD_PRELOAD="$SRC" /bin/true 2>&1); rc=$?
 case "$out" in *"cannot be preloaded"*|*"ERROR: ld.so"*) rc=127;; esac
 [ "$rc" -eq 0 ] || fail {_NOLOAD} "LD_PRELOAD of the new file made /bin/true fail (exit $rc): $(printf '%s' "$out" | head -n 1)"
-BK=""
-if [ -n "$cur" ]; then
+# Back up what is live now (it may differ from the plan: HAMi's plugin rewrites the file in place,
+# outside any lock). The copy is hashed, so the backup's name and the history say what was replaced.
+BK=""; FROMJ=null
+if [ -e "$LIVE" ]; then
+  BTMP="$S/backups/.live.tmp.$$"
+  cp "$LIVE" "$BTMP" 2>&1 && chmod 0644 "$BTMP" && sync "$BTMP" || fail {_WRITE} "backing up $LIVE failed (disk full?)"
+  cur=$(hash_of "$BTMP"); SIZE=$(stat -c %s "$BTMP"); CURJ="\\"$cur\\""; FROMJ="$CURJ"
   BK="$S/backups/$cur.so"
-  if [ ! -f "$BK" ] || [ "$(hash_of "$BK")" != "$cur" ]; then
-    BTMP="$S/backups/.$cur.tmp.$$"
-    cp "$LIVE" "$BTMP" 2>&1 && chmod 0644 "$BTMP" && sync "$BTMP" || fail {_WRITE} "backing up $LIVE failed (disk full?)"
-    printf '%s%s%s\\n' {q(backup_json[0]) if backup_json else "''"} "$NOW" {q(backup_json[1]) if backup_json else "''"} > "$BTMP.json" \\
-      && sync "$BTMP.json" || fail {_WRITE} "writing the backup manifest failed (disk full?)"
+  if [ -f "$BK" ] && [ "$(hash_of "$BK")" = "$cur" ]; then
+    rm -f "$BTMP"
+  else
+    {manifest_printf} > "$BTMP.json" && sync "$BTMP.json" || fail {_WRITE} "writing the backup manifest failed (disk full?)"
     mv -f "$BTMP" "$BK" && mv -f "$BTMP.json" "$S/backups/$cur.json" || fail {_WRITE} "storing the backup failed"
-    BTMP=""; sync "$S/backups" 2>/dev/null || sync
+    sync "$S/backups" 2>/dev/null || sync
   fi
+  BTMP=""
 fi
 cp "$SRC" "$TMP" 2>&1 || fail {_WRITE} "writing $TMP failed (disk full?)"
 if [ -n "$cur" ]; then
@@ -175,7 +196,7 @@ sync "$D" 2>/dev/null || sync
 got=$(hash_of "$LIVE")
 [ "$got" = "$WANT" ] || fail {_VERIFY} "after the swap $LIVE has sha256 $got, expected $WANT"
 {'if command -v cmp >/dev/null 2>&1; then cmp -s "$SRC" "$LIVE" || fail ' + str(_VERIFY) + ' "$LIVE differs from $SRC byte for byte"; fi' if byte_compare else ''}
-printf '%s%s%s\\n' {q(history_line[0])} "$NOW" {q(history_line[1])} >> "$S/history.jsonl" \\
+{history_printf} >> "$S/history.jsonl" \\
   || fail {_WRITE} "the swap is done but appending to $S/history.jsonl failed (disk full?)"
 sync "$S/history.jsonl" 2>/dev/null
 [ -n "$UP" ] && rm -f "$STG"
@@ -198,8 +219,6 @@ def _raise_for(t: Transport, code: int, out: str, where: str) -> None:
         raise IntegrityError(f"{t.name}: {msg}; the upload was corrupted, live file untouched: rerun")
     if code == _NOLOAD:
         raise DeployError(f"{t.name}: {msg}; live file untouched: fix the build (vgpu-patch check)")
-    if code == _MOVED:
-        raise DeployError(f"{t.name}:{where}: {msg}; someone else changed it: check `vgpu-patch status`, then rerun")
     if code == _VERIFY:
         raise IntegrityError(f"{t.name}: {msg}; inspect the node and use `vgpu-patch rollback`")
     if code == _WRITE:
@@ -207,20 +226,20 @@ def _raise_for(t: Transport, code: int, out: str, where: str) -> None:
     raise DeployError(f"{t.name}:{where}: the swap script failed with exit {code}: {msg}")
 
 
-def _run_swap(t: Transport, script: str, where: str) -> tuple[str, list[F.MappedLib], str | None, int]:
+def _run_swap(t: Transport, script: str, where: str) -> tuple[str, list[F.MappedLib], str | None, int, str | None]:
     res = t.run(script, sudo=True, warn=True, timeout=300)
     if not res.ok:
         _raise_for(t, res.exited, res.stdout + "\n" + res.stderr, where)
     out = res.stdout
     if "@@noop" in out:
-        return "noop", [], None, 0
+        return "noop", [], None, 0, None
     line = next((ln for ln in out.splitlines() if ln.startswith("@@ok ")), None)
     if line is None:
         raise DeployError(f"{t.name}:{where}: the swap script ended without a result; check `vgpu-patch status`")
-    _, _cur, bk, ino = line.split()
+    _, cur, bk, ino = line.split()
     maps_part = out.split("@@vgpu maps", 1)[1] if "@@vgpu maps" in out else ""
     mapped = F.parse_maps([ln for ln in maps_part.splitlines() if ln.strip()])
-    return "ok", mapped, (None if bk == "-" else bk), int(ino)
+    return "ok", mapped, (None if bk == "-" else bk), int(ino), (None if cur == "-" else cur)
 
 
 def _node_path(t: Transport, real: str | None, node_dir: str) -> str | None:
@@ -270,19 +289,18 @@ def deploy_file(
         result.pending = True
         return result
     upload = f"/tmp/.vgpu-patch-upload-{cand.sha256[:12]}-{secrets.token_hex(6)}"
-    record = {"action": action, "path": live_path, "from_sha256": result.from_sha256, "to_sha256": cand.sha256,
-              "operator": operator, "tool": tool}
     script = _swap_script(
         real_dir=t.path(node_dir), live_real=t.path(live_path), want=cand.sha256,
-        planned_from=result.from_sha256, upload_real=t.path(upload), source_real=None,
-        history_line=_json_with_time(record), backup_json=_backup_manifest(live, operator, tool),
+        upload_real=t.path(upload), source_real=None,
+        history_printf=_history_printf(action, live_path, cand.sha256, operator, tool),
+        manifest_printf=_manifest_printf(live_path, operator, tool),
         byte_compare=False, in_lock=hooks.in_lock if hooks else "",
     )
     try:
         t.put(cand.path, upload)
         if hooks and hooks.after_upload:
             hooks.after_upload(t.path(upload))
-        state, mapped, bk, ino = _run_swap(t, script, node_dir)
+        state, mapped, bk, ino, replaced = _run_swap(t, script, node_dir)
     except BaseException:
         if _alive(t):  # the script removes the upload itself; this covers failures before it ran
             try:
@@ -294,6 +312,7 @@ def deploy_file(
         result.plan = [Step("noop", f"{live_path} reached sha256 {cand.sha256[:12]} meanwhile: nothing to do")]
         return result
     result.changed, result.backup = True, _node_path(t, bk, node_dir)
+    result.from_sha256 = replaced  # what the node really had under the lock
     result.stale_pids = _stale(mapped, ino)
     return result
 
@@ -356,18 +375,18 @@ def rollback(
     if plan[0].kind == "noop" or dry_run:
         result.pending = plan[0].kind != "noop"
         return result
-    record = {"action": "rollback", "path": live_path, "from_sha256": result.from_sha256, "to_sha256": want,
-              "operator": operator, "tool": tool}
     script = _swap_script(
         real_dir=t.path(node_dir), live_real=t.path(live_path), want=want,
-        planned_from=result.from_sha256, upload_real=None, source_real=t.path(src_node),
-        history_line=_json_with_time(record), backup_json=_backup_manifest(live, operator, tool), byte_compare=True,
+        upload_real=None, source_real=t.path(src_node),
+        history_printf=_history_printf("rollback", live_path, want, operator, tool),
+        manifest_printf=_manifest_printf(live_path, operator, tool), byte_compare=True,
         in_lock=hooks.in_lock if hooks else "",
     )
-    state, mapped, bk, ino = _run_swap(t, script, node_dir)
+    state, mapped, bk, ino, replaced = _run_swap(t, script, node_dir)
     if state == "noop":
         return result
     result.changed, result.backup = True, _node_path(t, bk, node_dir)
+    result.from_sha256 = replaced  # what the node really had under the lock
     result.stale_pids = _stale(mapped, ino)
     return result
 
