@@ -20,11 +20,11 @@ def test_demo_round_trip(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     live = tmp_path / "node/usr/local/vgpu/libvgpu.so"
     state = tmp_path / "node/usr/local/vgpu/.vgpu-patch"
-    backups = list((state / "backups").glob("*.so"))
-    # rolled back: the live file is the vendor stand-in again, byte for byte, and the history says so
-    assert len(backups) == 1 and _sha(live) == backups[0].stem
-    assert live.read_bytes() == backups[0].read_bytes()
-    history = (state / "history.jsonl").read_text().splitlines()
-    assert [json.loads(h)["action"] for h in history] == ["deploy", "rollback"]
+    history = [json.loads(h) for h in (state / "history.jsonl").read_text().splitlines()]
+    assert [h["action"] for h in history] == ["deploy", "rollback"]
+    vendor_sha = history[0]["from_sha256"]
+    # rolled back: the live file is the vendor stand-in again, byte for byte, as its backup holds it
+    assert _sha(live) == vendor_sha == history[1]["to_sha256"]
+    assert live.read_bytes() == (state / "backups" / f"{vendor_sha}.so").read_bytes()
     for step in ("build", "check", "deploy", "status", "rollback"):
         assert f"$ vgpu-patch {step}" in proc.stderr

@@ -1,8 +1,10 @@
 /* The budget on HAMi's shared region: one limit per device for every process of the container.
  *
- * reserve: under the region lock (flock; never held across a driver call), the sum of used[dev]
- *          over live slots plus the request must fit the region's limit; then our slot grows.
- *          No limit: an atomic add, no lock.
+ * reserve: our slot grows first, then the sum of used[dev] over live slots must fit the region's
+ *          limit, else the claim is withdrawn (region/slots.c says why that order never exceeds
+ *          it). No lock unless that fails: then under the region lock (flock; never held across a
+ *          driver call) dead peers are reaped and the claim is tried once more. No limit: an
+ *          atomic add, no lock.
  * release: an atomic subtract on our own slot, no lock.
  * used:    the container-wide sum, as HAMi's monitor computes it.
  * The region is attached on first use. When it cannot be (unwritable file, foreign format, all

@@ -211,6 +211,27 @@ VGPU_HIDDEN void vgpu_slot_sub(vgpu_proc_slot_t *s, int dev, uint64_t bytes)
     __atomic_fetch_add(&s->seqlock, 1, __ATOMIC_RELEASE);
 }
 
+/* Publish the claim (a seq_cst add on our own slot), full fence, then sum every live slot, our
+ * claim included; over the limit: withdraw it. For any two racing reservers A and B, the later of
+ * the two sums sees the other's claim (store->fence->load on both sides: they cannot both miss),
+ * so two claims that do not fit together are never both kept. A race can refuse a request that
+ * would have fitted (both see each other, both withdraw); it can never exceed the limit. The
+ * transient claim is visible to lock-free readers (the monitor, cuMemGetInfo) for the few ns it
+ * lives. */
+static uint64_t claim(vgpu_proc_slot_t *self, vgpu_region_t *r, int dev, uint64_t bytes)
+{
+    __atomic_fetch_add(&self->seqlock, 1, __ATOMIC_ACQ_REL);
+    __atomic_fetch_add(&self->used[dev].data_size, bytes, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&self->used[dev].total, bytes, __ATOMIC_SEQ_CST);
+    __atomic_fetch_add(&self->seqlock, 1, __ATOMIC_RELEASE);
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    return vgpu_region_sum_used(r, dev);
+}
+
+/* Fast path, no lock: claim and check. Only when that fails, under the lock: claim again (the
+ * same order: the lock serialises slow paths and reaping, not fast paths, and the limit does not
+ * depend on it, so a lock timeout is safe too), and when still over, reap dead peers and sum again
+ * (a later sum than the first: it still sees every claim the first one had to see). */
 VGPU_HIDDEN int vgpu_region_reserve(int dev, uint64_t bytes)
 {
     vgpu_proc_slot_t *self = vgpu_region_self();
@@ -227,13 +248,16 @@ VGPU_HIDDEN int vgpu_region_reserve(int dev, uint64_t bytes)
     }
     if (bytes > limit)
         return -1;
+    if (VGPU_LIKELY(claim(self, r, dev, bytes) <= limit))
+        return 0;
+    vgpu_slot_sub(self, dev, bytes);
     vgpu_region_lock();
-    sum = vgpu_region_sum_used(r, dev);
-    if (sum > limit - bytes && vgpu_region_reap(r)) /* dead peers' usage first, then decide */
+    sum = claim(self, r, dev, bytes);
+    if (sum > limit && vgpu_region_reap(r)) /* dead peers' usage out, then decide */
         sum = vgpu_region_sum_used(r, dev);
-    ok = sum <= limit - bytes;
-    if (ok)
-        vgpu_slot_add(self, dev, bytes);
+    ok = sum <= limit;
+    if (!ok)
+        vgpu_slot_sub(self, dev, bytes);
     vgpu_region_unlock();
     return ok ? 0 : -1;
 }

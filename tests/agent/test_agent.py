@@ -149,7 +149,7 @@ def test_status_file_and_metrics(running: Agent, image: Image, host: Host, tmp_p
     try:
         port = server.server_address[1]
         body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-        assert "vgpu_patch_agent_ready 1" in body and "# TYPE vgpu_patch_agent_reapplies_total counter" in body
+        assert "\nvgpu_patch_agent_ready 1\n" in body and "# TYPE vgpu_patch_agent_reapplies_total counter" in body
         assert f'want_sha256="{image.sha256}"' in body
         assert urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5).status == 200
     finally:
@@ -182,9 +182,9 @@ def test_the_real_command_serves_metrics_repairs_and_stops_on_sigterm(image: Ima
             except OSError:
                 return ""
 
-        wait_for(lambda: "vgpu_patch_agent_ready 1" in metrics())
+        wait_for(lambda: "\nvgpu_patch_agent_ready 1\n" in metrics())
         hami_copy_back(vendor, host.live)
-        wait_for(lambda: "vgpu_patch_agent_reapplies_total 1" in metrics() and sha(host.live) == image.sha256)
+        wait_for(lambda: "\nvgpu_patch_agent_reapplies_total 1\n" in metrics() and sha(host.live) == image.sha256)
         assert host.history()[-1]["operator"] == "agent@gpu-node-7"
     finally:
         proc.send_signal(signal.SIGTERM)

@@ -132,3 +132,14 @@ def test_local_demo_and_usage_errors(tmp_path: Path, libs) -> None:
         proc = subprocess.run([sys.executable, "-m", "vgpu_patch.cli", "deploy", *args], capture_output=True, text=True)
         assert proc.returncode == 2 and words in proc.stderr and proc.stdout == ""
         assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+def test_dry_run_prints_the_plan_and_exits_1(tmp_path: Path, libs) -> None:
+    root = tmp_path / "node"
+    d = make_node(root, libs["vendor"])
+    res = run("deploy", "--no-check", "--local", str(root), "--dry-run", str(libs["v1"]))
+    assert res.exit_code == 1, res.output
+    assert "pending" in res.stdout and "back up /usr/local/vgpu/libvgpu.so" in res.stdout
+    assert (d / "libvgpu.so").read_bytes() == libs["vendor"].read_bytes()
+    res = run("rollback", "--local", str(root), "--yes")
+    assert res.exit_code == 1 and "no backup to roll back to" in res.stdout

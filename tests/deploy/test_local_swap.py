@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 
 from deploy_support import assert_whole, leftovers, make_node, sha
-from vgpu_patch.deploy.facts import AmbiguousLiveFile
 from vgpu_patch.deploy.swap import SwapHooks, deploy_file, node_status, rollback
 from vgpu_patch.errors import DeployError, IntegrityError, LockedError
 from vgpu_patch.transport.local import LocalTransport
@@ -125,9 +124,8 @@ def test_ambiguous_directory_is_refused(tmp_path: Path, libs, case: str) -> None
         (d / "libvgpu.so.1").rename(d / "real.so")
         (d / "libvgpu.so.1").symlink_to("real.so")
         match = "symlink"
-    with pytest.raises(AmbiguousLiveFile, match=match):
+    with pytest.raises(DeployError, match=match):
         deploy_file(LocalTransport(root), libs["v1"], DIR, operator="a")
-    assert "ambig" not in match  # keep pytest's match honest
     st = node_status(LocalTransport(root), DIR)
     assert st.problem and st.sha256 is None
 

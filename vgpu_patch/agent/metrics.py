@@ -17,8 +17,8 @@ def _label(value: object) -> str:
 def render(s: AgentStatus) -> str:
     """The exposition text for one status snapshot."""
     rows = [
-        ("vgpu_patch_agent_ready", "gauge", "1 when the live library is the image's library", int(s.ready)),
-        ("vgpu_patch_agent_yielded", "gauge", "1 when the agent stopped enforcing after an operator's recorded change",
+        ("vgpu_patch_agent_ready", "gauge", "Whether the live library is the image's library (1) or not (0)", int(s.ready)),
+        ("vgpu_patch_agent_yielded", "gauge", "Whether the agent stopped enforcing after an operator's recorded change (1) or not (0)",
          int(s.state == "yielded")),
         ("vgpu_patch_agent_checks_total", "counter", "Checks of the live library", s.checks),
         ("vgpu_patch_agent_deploys_total", "counter", "Installs of the image's library (history action deploy)",

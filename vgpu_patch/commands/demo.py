@@ -29,6 +29,8 @@ def _step(args: list[str]) -> int:
         rv = cli.main(args, prog_name="vgpu-patch", standalone_mode=False)
     except click.exceptions.Exit as e:
         return e.exit_code
+    except SystemExit as e:  # commands that end with their own exit status (deploy's fleet verdict)
+        return e.code if isinstance(e.code, int) else (EXIT_OK if e.code is None else 1)
     except click.ClickException as e:
         e.show()
         return e.exit_code

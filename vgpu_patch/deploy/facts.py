@@ -20,10 +20,6 @@ STATE = ".vgpu-patch"
 CONTAINER_LIB = "/usr/local/vgpu/libvgpu.so"
 
 
-class AmbiguousLiveFile(DeployError):
-    """The node's library directory does not say which file is live; nothing was changed."""
-
-
 @dataclass
 class LibFile:
     name: str
@@ -214,17 +210,17 @@ def gather(t: Transport, target_dir: str, *, history: int = 20, maps: bool = Tru
 
 # -- the rule for the live file ---------------------------------------------------------------------
 def choose_live(facts: NodeFacts, node: str) -> LibFile | None:
-    """The file HAMi really uses, None when the directory holds none; AmbiguousLiveFile otherwise."""
+    """The file HAMi really uses, None when the directory holds none; DeployError when that is ambiguous."""
     where = f"{node}:{facts.target_dir}"
     versioned = [f for f in facts.files if f.name.startswith(LIB + ".")]
     if len(versioned) > 1:
         names = ", ".join(f.name for f in versioned)
-        raise AmbiguousLiveFile(
+        raise DeployError(
             f"{where}: several versioned libraries ({names}); HAMi's choice is unclear: remove the stale ones, then rerun"
         )
     live = versioned[0] if versioned else facts.file(LIB)
     if live is not None and live.link_to is not None:
-        raise AmbiguousLiveFile(
+        raise DeployError(
             f"{where}: {live.name} is a symlink to {live.link_to}; replace the file it points at "
             f"(its directory as --target-dir) or make {live.name} a regular file"
         )
@@ -237,7 +233,7 @@ def choose_live(facts: NodeFacts, node: str) -> LibFile | None:
             for word in entry.replace(":", " ").split():
                 base = word.rsplit("/", 1)[-1]
                 if base.startswith("libvgpu") and base not in allowed:
-                    raise AmbiguousLiveFile(
+                    raise DeployError(
                         f"{where}: ld.so.preload names {word} but the live file is "
                         f"{live.name if live else 'missing'}; fix ld.so.preload (or the plugin), then rerun"
                     )

@@ -151,7 +151,8 @@ HELD=1
 rm -f "$D"/.*.vgpu-patch-tmp.* "$S"/staging/*.part.* "$S"/backups/.*.tmp.*
 {in_lock}
 if [ -n "$UP" ]; then
-  cp "$UP" "$STG.part.$$" 2>&1 && sync "$STG.part.$$" && mv -f "$STG.part.$$" "$STG" \\
+  # no fsync: a staged copy is re-verified by hash below and simply re-uploaded after a crash
+  cp "$UP" "$STG.part.$$" 2>&1 && mv -f "$STG.part.$$" "$STG" \\
     || fail {_WRITE} "copying the upload to $S/staging failed (disk full?)"
   rm -f "$UP"; SRC="$STG"
 fi
@@ -170,15 +171,15 @@ case "$out" in *"cannot be preloaded"*|*"ERROR: ld.so"*) rc=127;; esac
 BK=""; FROMJ=null
 if [ -e "$LIVE" ]; then
   BTMP="$S/backups/.live.tmp.$$"
-  cp "$LIVE" "$BTMP" 2>&1 && chmod 0644 "$BTMP" && sync "$BTMP" || fail {_WRITE} "backing up $LIVE failed (disk full?)"
+  cp "$LIVE" "$BTMP" 2>&1 && chmod 0644 "$BTMP" || fail {_WRITE} "backing up $LIVE failed (disk full?)"
   cur=$(hash_of "$BTMP"); SIZE=$(stat -c %s "$BTMP"); CURJ="\\"$cur\\""; FROMJ="$CURJ"
   BK="$S/backups/$cur.so"
   if [ -f "$BK" ] && [ "$(hash_of "$BK")" = "$cur" ]; then
     rm -f "$BTMP"
   else
-    {manifest_printf} > "$BTMP.json" && sync "$BTMP.json" || fail {_WRITE} "writing the backup manifest failed (disk full?)"
+    {manifest_printf} > "$BTMP.json" || fail {_WRITE} "writing the backup manifest failed (disk full?)"
+    sync "$BTMP" "$BTMP.json" 2>/dev/null || sync
     mv -f "$BTMP" "$BK" && mv -f "$BTMP.json" "$S/backups/$cur.json" || fail {_WRITE} "storing the backup failed"
-    sync "$S/backups" 2>/dev/null || sync
   fi
   BTMP=""
 fi
@@ -190,15 +191,14 @@ if [ -n "$cur" ]; then
 else
   chmod 0644 "$TMP"
 fi
-sync "$TMP" 2>/dev/null || sync
+sync "$TMP" "$S/backups" 2>/dev/null || sync  # the new file's bytes and the backup's name, before the rename
 out=$(mv -f "$TMP" "$LIVE" 2>&1) || fail {_WRITE} "renaming $TMP over $LIVE failed ($out; EBUSY: $LIVE is a mount point, act on the host file)"
-sync "$D" 2>/dev/null || sync
 got=$(hash_of "$LIVE")
 [ "$got" = "$WANT" ] || fail {_VERIFY} "after the swap $LIVE has sha256 $got, expected $WANT"
 {'if command -v cmp >/dev/null 2>&1; then cmp -s "$SRC" "$LIVE" || fail ' + str(_VERIFY) + ' "$LIVE differs from $SRC byte for byte"; fi' if byte_compare else ''}
 {history_printf} >> "$S/history.jsonl" \\
   || fail {_WRITE} "the swap is done but appending to $S/history.jsonl failed (disk full?)"
-sync "$S/history.jsonl" 2>/dev/null
+sync "$D" "$S/history.jsonl" 2>/dev/null || sync  # the rename (directory) and the record
 [ -n "$UP" ] && rm -f "$STG"
 # uploads orphaned by a dropped connection (this one is gone already): older than a day
 [ -n "$UP" ] && command -v find >/dev/null 2>&1 && find "${{UP%/*}}" -maxdepth 1 -name '.vgpu-patch-upload-*' -mtime +0 -exec rm -f {{}} + 2>/dev/null
@@ -398,7 +398,7 @@ def node_status(t: Transport, target_dir: str = DEFAULT_DIR, *, history: int = 5
     problem = None
     try:
         live = F.choose_live(facts, t.name)
-    except F.AmbiguousLiveFile as e:
+    except DeployError as e:  # an ambiguous directory: report it with the rest
         live, problem = None, str(e)
     return NodeStatus(
         node=t.name,
