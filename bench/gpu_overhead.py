@@ -4,14 +4,23 @@
 Driver API part: bench/gpu_overhead.c against the real libcuda.so.1, alternately bare and with
 LD_PRELOAD=libvgpu.so (CUDA_DEVICE_MEMORY_LIMIT set, so accounting is active): cuLaunchKernel of an
 empty kernel in batches of 256 then a sync (host time of the launches only), cuMemAlloc+cuMemFree
-of 1 MiB, cuMemGetInfo, and 4 KiB alloc+free pairs with 10 vs 100,000 live allocations.
+of 1 MiB, cuMemGetInfo, cuCtxGetDevice and cuCtxGetCurrent (the driver's own cost: the shim passes
+them through), and 4 KiB alloc+free pairs with 10 vs 100,000 live allocations. Rounds alternate
+which mode goes first.
+
+The 1 MiB pair takes tens of us in the driver and varies from process to process by more than the
+shim's share, so besides the full rounds it gets --alloc-rounds short processes of its own (each
+the median of blocks of 100 pairs); its figure is the median over all of them. --cpus pins each
+Driver API run to the same CPUs (e.g. the GPU's NUMA node, from `nvidia-smi topo -m`).
 PyTorch part (when torch with CUDA is installed): a decode-like loop, batch 1, 100 layers x 3
 small kernels (~300 launches a step), steps/s bare vs shim, alternating processes.
 
 Targets: launch added <= 50 ns and <= 2%; alloc+free <= 1.10x; cuMemGetInfo <= bare + 100 ns;
 decode loop >= 0.995x.
 
-    python3 bench/gpu_overhead.py [--rounds 5] [--scale 1.0] [--limit 40g]
+    python3 bench/gpu_overhead.py [--rounds 5] [--alloc-rounds 10] [--scale 1.0] [--limit 40g] [--cpus 0-7]
+
+Expected to take about 2 minutes on one H200 with the defaults (torch installed); the elapsed time is printed.
 """
 from __future__ import annotations
 
@@ -22,13 +31,14 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
-from shim_overhead import compile_bench, report, run_rounds  # noqa: E402
+from shim_overhead import collect, compile_bench, medians, report  # noqa: E402
 
 from vgpu_patch.build import build_shim  # noqa: E402
 
@@ -64,8 +74,8 @@ def torch_available() -> bool:
 
 def decode_rounds(shim: Path, env: dict[str, str], rounds: int, seconds: float) -> dict[str, float]:
     runs: dict[str, list[float]] = {"bare": [], "shim": []}
-    for _ in range(rounds):
-        for mode in ("bare", "shim"):
+    for r in range(rounds):
+        for mode in ("bare", "shim") if r % 2 == 0 else ("shim", "bare"):
             e = dict(env)
             if mode == "shim":
                 e["LD_PRELOAD"] = str(shim)
@@ -76,13 +86,27 @@ def decode_rounds(shim: Path, env: dict[str, str], rounds: int, seconds: float) 
     return {mode: statistics.median(v) for mode, v in runs.items()}
 
 
+def cpu_list(spec: str) -> set[int]:
+    """'0-3,8' -> {0, 1, 2, 3, 8}"""
+    cpus: set[int] = set()
+    for part in filter(None, spec.split(",")):
+        lo, _, hi = part.partition("-")
+        cpus.update(range(int(lo), int(hi or lo) + 1))
+    return cpus
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--alloc-rounds", type=int, default=10,
+                    help="extra short runs of the 1 MiB alloc+free pair only (default 10)")
+    ap.add_argument("--cpus", default="", help="pin every run to these CPUs, e.g. 0-7 (default: not pinned)")
     ap.add_argument("--scale", type=float, default=1.0)
     ap.add_argument("--limit", default="40g", help="CUDA_DEVICE_MEMORY_LIMIT for the shim runs (default 40g)")
     ap.add_argument("--decode-seconds", type=float, default=3.0)
     args = ap.parse_args()
+    cpus = cpu_list(args.cpus) or None
+    started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="vgpu-gpubench-") as d:
         tmp = Path(d)
         try:
@@ -92,9 +116,15 @@ def main() -> None:
         exe = compile_bench(tmp)
         env = {k: v for k, v in os.environ.items() if not k.startswith(("CUDA_DEVICE_", "LD_PRELOAD"))}
         env.update({"CUDA_DEVICE_MEMORY_LIMIT": args.limit, "CUDA_DEVICE_MEMORY_SHARED_CACHE": str(tmp / "cache")})
-        med = run_rounds(exe, shim, env, args.rounds, args.scale)
-        cmd = f"python3 bench/gpu_overhead.py --rounds {args.rounds} --scale {args.scale} --limit {args.limit}"
-        report(med, f"real GPU, {args.rounds} rounds, median ns/op (command: {cmd})")
+        runs = collect(exe, shim, env, args.rounds, args.scale, cpus=cpus)
+        extra = collect(exe, shim, env, args.alloc_rounds, args.scale, "alloc", cpus=cpus)
+        for mode in runs:
+            runs[mode] += extra[mode]
+        med = medians(runs)
+        cmd = (f"python3 bench/gpu_overhead.py --rounds {args.rounds} --alloc-rounds {args.alloc_rounds} "
+               f"--scale {args.scale} --limit {args.limit}" + (f" --cpus {args.cpus}" if args.cpus else ""))
+        report(med, f"real GPU, {args.rounds} rounds (+{args.alloc_rounds} for alloc_free_ns), median ns/op "
+                    f"(command: {cmd})")
         added = med["shim"]["launch_ns"] - med["bare"]["launch_ns"]
         print(f"\ntargets: launch added {added:.1f} ns (<= 50) and "
               f"{100 * added / med['bare']['launch_ns']:.2f}% (<= 2%); "
@@ -106,6 +136,7 @@ def main() -> None:
                   f"shim {dec['shim']:.1f}, ratio {dec['shim'] / dec['bare']:.4f} (>= 0.995)")
         else:
             print("\nPyTorch decode loop: skipped (torch with CUDA not installed)")
+    print(f"\nelapsed {time.monotonic() - started:.0f} s")
 
 
 if __name__ == "__main__":

@@ -3,11 +3,13 @@
 
 Runs bench/gpu_overhead.c (built with -DFAKE_DRIVER) alternately without and with the shim,
 several rounds, and prints the median ns/op of each, the difference and the ratio:
-cuLaunchKernel, a cuMemAlloc+cuMemFree pair, cuMemGetInfo, and an alloc+free pair with 10 vs
-100,000 other allocations alive (free must stay O(1)). The fake driver's calls cost a few ns,
+cuLaunchKernel, a cuMemAlloc+cuMemFree pair, cuMemGetInfo, cuCtxGetDevice and cuCtxGetCurrent
+(passed through: the driver's own cost), and an alloc+free pair with 10 vs 100,000 other
+allocations alive (free must stay O(1)). The order alternates each round (bare first, then shim
+first), so neither mode always runs on a warmer machine. The fake driver's calls cost a few ns,
 so ratios here are an upper bound of what a real driver (microseconds per allocation) shows.
 
-    python3 bench/shim_overhead.py [--rounds 5] [--scale 1.0]
+    python3 bench/shim_overhead.py [--rounds 5] [--scale 1.0] [--devices 1]
 """
 from __future__ import annotations
 
@@ -26,7 +28,8 @@ sys.path.insert(0, str(REPO))
 
 from vgpu_patch.build import build_shim, header_dir  # noqa: E402
 
-METRICS = ["launch_ns", "alloc_free_ns", "meminfo_ns", "pair_10_live_ns", "pair_100k_live_ns"]
+METRICS = ["launch_ns", "alloc_free_ns", "meminfo_ns", "ctx_get_device_ns", "ctx_get_current_ns", "pair_10_live_ns",
+           "pair_100k_live_ns"]
 
 
 def compile_bench(out: Path, *defines: str) -> Path:
@@ -37,19 +40,33 @@ def compile_bench(out: Path, *defines: str) -> Path:
     return exe
 
 
-def run_rounds(exe: Path, shim: Path, env: dict[str, str], rounds: int, scale: float) -> dict[str, dict[str, float]]:
-    """Alternate bare / shim runs; median of each metric."""
+def collect(exe: Path, shim: Path, env: dict[str, str], rounds: int, scale: float, *args: str,
+            cpus: set[int] | None = None) -> dict[str, list[dict[str, float]]]:
+    """Every run's JSON, per mode. Rounds alternate which mode goes first (ABBA...)."""
     results: dict[str, list[dict[str, float]]] = {"bare": [], "shim": []}
-    for _ in range(rounds):
-        for mode in ("bare", "shim"):
+    for r in range(rounds):
+        for mode in ("bare", "shim") if r % 2 == 0 else ("shim", "bare"):
             e = dict(env)
             if mode == "shim":
                 e["LD_PRELOAD"] = str(shim)
-            p = subprocess.run([str(exe), str(scale)], env=e, capture_output=True, text=True, check=False)
+            pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
+            p = subprocess.run([str(exe), str(scale), *args], env=e, capture_output=True, text=True, check=False,
+                               preexec_fn=pin)
             if p.returncode:
                 raise SystemExit(f"{mode} run failed ({p.returncode}): {p.stderr.strip()}")
             results[mode].append(json.loads(p.stdout.strip().splitlines()[-1]))
-    return {mode: {m: statistics.median(r[m] for r in runs) for m in METRICS} for mode, runs in results.items()}
+    return results
+
+
+def medians(results: dict[str, list[dict[str, float]]]) -> dict[str, dict[str, float]]:
+    return {mode: {m: statistics.median(r[m] for r in runs if m in r) for m in METRICS}
+            for mode, runs in results.items()}
+
+
+def run_rounds(exe: Path, shim: Path, env: dict[str, str], rounds: int, scale: float,
+               cpus: set[int] | None = None) -> dict[str, dict[str, float]]:
+    """Alternate bare / shim runs; median of each metric."""
+    return medians(collect(exe, shim, env, rounds, scale, cpus=cpus))
 
 
 def report(med: dict[str, dict[str, float]], title: str) -> None:
@@ -75,6 +92,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--scale", type=float, default=1.0)
     ap.add_argument("--limit", default="50g", help="CUDA_DEVICE_MEMORY_LIMIT for the shim runs (default 50g)")
+    ap.add_argument("--devices", type=int, default=1,
+                    help="devices the fake driver shows (default 1, like the one-GPU bench machine)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="vgpu-bench-") as d:
         tmp = Path(d)
@@ -83,10 +102,10 @@ def main() -> None:
         exe = compile_bench(tmp, "FAKE_DRIVER")
         env = {k: v for k, v in os.environ.items() if not k.startswith(("CUDA_DEVICE_", "LD_PRELOAD"))}
         env.update({"LD_LIBRARY_PATH": str(fake), "FAKE_CUDA_MEM_MB": "100000", "CUDA_DEVICE_MEMORY_LIMIT": args.limit,
-                    "CUDA_DEVICE_MEMORY_SHARED_CACHE": str(tmp / "cache")})
+                    "CUDA_DEVICE_MEMORY_SHARED_CACHE": str(tmp / "cache"), "FAKE_CUDA_DEVICES": str(args.devices)})
         med = run_rounds(exe, shim, env, args.rounds, args.scale)
     report(med, f"fake driver, {args.rounds} rounds, median ns/op (command: python3 bench/shim_overhead.py "
-                f"--rounds {args.rounds} --scale {args.scale})")
+                f"--rounds {args.rounds} --scale {args.scale} --devices {args.devices})")
 
 
 if __name__ == "__main__":

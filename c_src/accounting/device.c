@@ -45,6 +45,21 @@ VGPU_HIDDEN int vgpu_dev_current(void)
     return vgpu_dev_check(d);
 }
 
+/* True when the driver reports exactly one device (count cached after cuInit; unknown counts as many). */
+VGPU_HIDDEN int vgpu_dev_single(void)
+{
+    return vgpu_dev_check(1) < 0 && vgpu_dev_check(0) == 0;
+}
+
+/* The device of this thread's current context, for callers that know a context is current (a call
+ * that needed one succeeded) or that tolerate a guess of device 0 when none is: with a single
+ * device no cuCtxGetDevice is made (the one driver call a hot wrapper would add). Nothing is cached
+ * per context, so nothing goes stale when contexts come and go. */
+VGPU_HIDDEN int vgpu_dev_of_current_ctx(void)
+{
+    return vgpu_dev_single() ? 0 : vgpu_dev_current();
+}
+
 VGPU_HIDDEN int vgpu_dev_from_location(const CUmemLocation *loc)
 {
     if (!loc)

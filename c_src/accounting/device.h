@@ -10,6 +10,8 @@
 
 VGPU_HIDDEN int vgpu_dev_check(long long dev);
 VGPU_HIDDEN int vgpu_dev_current(void);
+VGPU_HIDDEN int vgpu_dev_single(void);
+VGPU_HIDDEN int vgpu_dev_of_current_ctx(void);
 VGPU_HIDDEN int vgpu_dev_from_location(const CUmemLocation *loc);
 VGPU_HIDDEN int vgpu_dev_from_stream(CUstream stream);
 VGPU_HIDDEN int vgpu_dev_from_pool(CUmemoryPool pool, CUstream stream);

@@ -12,11 +12,30 @@
 
 #define KEY(p) ((uint64_t)(uintptr_t)(p))
 
+/* Charge an allocation made in this thread's current context. With a single visible device (the
+ * driver's count, cached after cuInit) it can only land on device 0, so no cuCtxGetDevice on the
+ * hot path (vgpu_dev_of_current_ctx). Without a current context the real call fails
+ * and vgpu_settle gives the charge back; if the charge is refused, the real query decides, so a
+ * context-less call still gets the driver's own error, never OUT_OF_MEMORY. */
+static CUresult charge_current(int *dev, uint64_t bytes)
+{
+    int single = vgpu_dev_single();
+    CUresult rc;
+
+    *dev = vgpu_dev_of_current_ctx();
+    rc = vgpu_charge(*dev, bytes);
+    if (VGPU_UNLIKELY(rc == CUDA_ERROR_OUT_OF_MEMORY && single) && vgpu_dev_current() < 0) {
+        *dev = VGPU_DEV_UNKNOWN; /* no context: nothing to charge, the driver answers */
+        rc = CUDA_SUCCESS;
+    }
+    return rc;
+}
+
 VGPU_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
 {
     __typeof__(&cuMemAlloc_v2) real = REAL(cuMemAlloc_v2);
-    int dev = vgpu_dev_current();
-    CUresult rc = vgpu_charge(dev, bytesize);
+    int dev;
+    CUresult rc = charge_current(&dev, bytesize);
 
     if (rc != CUDA_SUCCESS)
         return rc;
@@ -43,9 +62,9 @@ VGPU_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_
                                         unsigned int ElementSizeBytes)
 {
     __typeof__(&cuMemAllocPitch_v2) real = REAL(cuMemAllocPitch_v2);
-    int dev = vgpu_dev_current();
+    int dev;
     uint64_t est = vgpu_mul_sat(WidthInBytes, Height), actual;
-    CUresult rc = vgpu_charge(dev, est);
+    CUresult rc = charge_current(&dev, est);
 
     if (rc != CUDA_SUCCESS)
         return rc;
@@ -71,8 +90,8 @@ VGPU_OWN_ALIAS(cuMemAllocPitch_v2)
 VGPU_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags)
 {
     __typeof__(&cuMemAllocManaged) real = REAL(cuMemAllocManaged);
-    int dev = vgpu_dev_current();
-    CUresult rc = vgpu_charge(dev, bytesize);
+    int dev;
+    CUresult rc = charge_current(&dev, bytesize);
 
     if (rc != CUDA_SUCCESS)
         return rc;

@@ -30,9 +30,8 @@ static uint64_t min_u64(uint64_t a, uint64_t b)
 }
 
 /* free as the container sees it: what is left of its limit, and never more than the device has */
-static uint64_t limited_free(int dev, uint64_t limit, uint64_t real_free)
+static uint64_t limited_free(uint64_t used, uint64_t limit, uint64_t real_free)
 {
-    uint64_t used = vgpu_budget_used(dev);
     return min_u64(used < limit ? limit - used : 0, real_free);
 }
 
@@ -46,10 +45,10 @@ VGPU_EXPORT CUresult cuMemGetInfo_v2(size_t *free, size_t *total)
 
     if (rc != CUDA_SUCCESS)
         return rc;
-    dev = vgpu_dev_current();
+    dev = vgpu_dev_of_current_ctx();
     limit = dev >= 0 ? vgpu_budget_limit(dev) : 0;
     if (limit) {
-        f = (size_t)limited_free(dev, limit, f);
+        f = (size_t)limited_free(vgpu_budget_used(dev), limit, f);
         t = (size_t)limit;
     }
     if (free)
@@ -64,6 +63,7 @@ VGPU_EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
 {
     __typeof__(&cuDeviceTotalMem_v2) real = REAL(cuDeviceTotalMem_v2);
     size_t t = 0;
+    uint64_t limit;
     int d;
     CUresult rc;
 
@@ -73,8 +73,9 @@ VGPU_EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
     if (rc != CUDA_SUCCESS)
         return rc;
     d = vgpu_dev_check(dev);
-    if (d >= 0 && vgpu_budget_limit(d))
-        t = (size_t)vgpu_budget_limit(d);
+    limit = d >= 0 ? vgpu_budget_limit(d) : 0;
+    if (limit)
+        t = (size_t)limit;
     *bytes = t;
     return CUDA_SUCCESS;
 }
@@ -103,9 +104,10 @@ VGPU_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory
         return rc;
     dev = nvml_dev(device);
     limit = dev >= 0 ? vgpu_budget_limit(dev) : 0;
-    if (limit) {
-        memory->used = vgpu_budget_used(dev);
-        memory->free = limited_free(dev, limit, memory->free);
+    if (limit) { /* one sum, so used and free agree */
+        uint64_t used = vgpu_budget_used(dev);
+        memory->used = used;
+        memory->free = limited_free(used, limit, memory->free);
         memory->total = limit;
     }
     return NVML_SUCCESS;
@@ -127,9 +129,10 @@ VGPU_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMem
     dev = nvml_dev(device);
     limit = dev >= 0 ? vgpu_budget_limit(dev) : 0;
     if (limit) {
-        memory->used = vgpu_budget_used(dev);
+        uint64_t used = vgpu_budget_used(dev);
+        memory->used = used;
         memory->reserved = 0;
-        memory->free = limited_free(dev, limit, memory->free);
+        memory->free = limited_free(used, limit, memory->free);
         memory->total = limit;
     }
     return NVML_SUCCESS;

@@ -193,3 +193,14 @@ def test_the_real_command_serves_metrics_repairs_and_stops_on_sigterm(image: Ima
     doc = json.loads(out)  # --json: one document, the final status
     assert doc["reapplies"] == 1 and doc["ready"] and doc["node"] == "gpu-node-7"
     assert "reapply: /usr/local/vgpu/libvgpu.so" in err
+
+
+def test_ambiguous_directory_is_an_error_not_a_guess(image: Image, host: Host, vendor: Path, tmp_path: Path) -> None:
+    shutil.copy(vendor, host.libdir / "libvgpu.so.2.4.0")
+    shutil.copy(vendor, host.libdir / "libvgpu.so.2.5.0")
+    status_file = tmp_path / "status.json"
+    res = CliRunner().invoke(cli, args(image, host, "--once", "--status-file", str(status_file)))
+    assert res.exit_code != 0 and "several versioned libraries" in str(res.exception)
+    doc = json.loads(status_file.read_text())
+    assert doc["state"] == "error" and doc["errors"] == 1 and not doc["ready"]
+    assert all(sha(p) == sha(vendor) for p in host.libdir.glob("libvgpu.so*")) and host.history() == []

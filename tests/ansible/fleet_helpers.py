@@ -11,6 +11,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -113,12 +114,16 @@ def run_playbook(playbook: str, inventory: Path, extra: dict | None = None, limi
         "ANSIBLE_DISPLAY_SKIPPED_HOSTS": "false",
         "ANSIBLE_LOCALHOST_WARNING": "false",
         "ANSIBLE_INVENTORY_UNPARSED_WARNING": "false",
+        "ANSIBLE_ROLES_PATH": str(ANSIBLE_DIR / "roles"),  # for test playbooks outside ansible/
     }
     args = {"vgpu_patch_become": BECOME, **(extra or {})}
     cmd = ["ansible-playbook", "-i", str(inventory), playbook, "-e", json.dumps(args)]
     if limit:
         cmd += ["--limit", limit]
+    start = time.monotonic()
     proc = subprocess.run(cmd, cwd=ANSIBLE_DIR, env=env, capture_output=True, text=True, timeout=300)
+    if os.environ.get("VGPU_TEST_TIMING"):  # where the Ansible tests' time goes
+        print(f"{playbook} {limit or ''}: {time.monotonic() - start:.1f}s", file=sys.stderr)
     out = proc.stdout + proc.stderr
     recap = {
         m.group(1): {"ok": int(m.group(2)), "changed": int(m.group(3)), "unreachable": int(m.group(4)), "failed": int(m.group(5))}

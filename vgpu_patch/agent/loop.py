@@ -68,7 +68,7 @@ class Agent:
 
     # -- one pass ---------------------------------------------------------------------------------
     def signature(self) -> tuple | None:
-        """(name, inode, size, mtime) of the library files: unchanged means nothing to re-hash."""
+        """(name, inode, size, mtime) of the library files: tells when a writer has finished (see _settled)."""
         try:
             with os.scandir(self.host_dir) as it:
                 entries = sorted(
@@ -135,8 +135,9 @@ class Agent:
             self.status.last_error = None
         except VgpuPatchError as e:
             self.status.errors += 1
+            if str(e) != self.status.last_error:  # a lasting problem is logged once, counted every time
+                log(f"error: {e}")
             self.status.state, self.status.last_error = "error", str(e)
-            log(f"error: {e}")
             if raise_errors:
                 raise
             did = "error"
