@@ -43,11 +43,11 @@ def main() -> int:
     shim = os.path.abspath(sys.argv[1]) if len(sys.argv) > 1 else "out/libvgpu.so"
     cases = [("bare", None, False), ("shim, limit 4g", "4g", True), ("shim, limit 0m", "0m", True),
              ("shim, limit 10x (malformed)", "10x", True)]
-    for name, limit, preload in cases:
+    for i, (name, limit, preload) in enumerate(cases):
         env = {k: v for k, v in os.environ.items() if not k.startswith(("CUDA_DEVICE_MEMORY", "LD_PRELOAD"))}
         if preload:
             env["LD_PRELOAD"] = shim
-            env["CUDA_DEVICE_MEMORY_SHARED_CACHE"] = f"/tmp/vgpu-bench-{os.getpid()}-{len(name)}.cache"
+            env["CUDA_DEVICE_MEMORY_SHARED_CACHE"] = f"/tmp/vgpu-bench-{os.getpid()}-{i}.cache"  # one container each
         if limit:
             env["CUDA_DEVICE_MEMORY_LIMIT"] = limit
         print(f"{name}:", flush=True)

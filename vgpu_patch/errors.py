@@ -42,6 +42,10 @@ class ElfError(VgpuPatchError):
     """A file is not a readable ELF shared object (truncated, not ELF, wrong class)."""
 
 
+class RegionError(VgpuPatchError):
+    """A shared-region file is missing, truncated, or not HAMi layout 1.x."""
+
+
 class DeployError(VgpuPatchError):
     """A deploy, status or rollback step failed on a node; the node was left on a whole file."""
 

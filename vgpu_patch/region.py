@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import VgpuPatchError
+from .errors import RegionError
 
 MAGIC = 19920718
 MAJOR = 1
@@ -63,10 +63,6 @@ SLOT_SIZE = 1960
 REGION_SIZE = 2008952
 
 STATUS_NAMES = {0: "exited", 1: "running", 2: "suspended"}
-
-
-class RegionError(VgpuPatchError):
-    """A shared-region file is missing, truncated, or not HAMi layout 1.x."""
 
 
 @dataclass
