@@ -36,7 +36,7 @@ Module helpers for fleets: `inventory_ini(servers, path, group="gpu")`, `invento
 
 Needs /usr/sbin/sshd and ssh-keygen. Root is not required for a server logging in the current user.
 authorized_keys lives in its own world-readable tmp dir (sshd reads it as the login user, and
-pytest's tmp dirs are 0700). Users and sudoers rules are left in place at exit (shared by sessions).
+pytest's tmp dirs are 0700). Users are left in place at exit (shared by later runs); the sudoers rules this process wrote are removed.
 """
 from __future__ import annotations
 
@@ -106,8 +106,19 @@ def _ensure_user(name: str) -> None:
     subprocess.run(["usermod", "-p", "*", name], check=True, capture_output=True)
 
 
+_WRITTEN_SUDOERS: set[Path] = set()
+
+
+@atexit.register
+def _remove_written_sudoers() -> None:
+    """A root shell rule for a test user must not outlive the test run that needed it."""
+    for path in _WRITTEN_SUDOERS:
+        path.unlink(missing_ok=True)
+
+
 def _write_sudoers(user: str, requiretty: bool) -> Path:
     path = Path(f"/etc/sudoers.d/vgpu-patch-test-{user}")
+    _WRITTEN_SUDOERS.add(path)
     lines = [f"{user} ALL=(root) NOPASSWD: {', '.join(SUDO_SHELLS)}"]
     if requiretty:
         lines.insert(0, f"Defaults:{user} requiretty")
