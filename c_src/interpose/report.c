@@ -90,51 +90,44 @@ static int nvml_dev(nvmlDevice_t device)
     return (int)idx;
 }
 
+/* The container's view of an NVML memory report, in place: total = the limit, used = the container's
+ * usage (one sum, so used and free agree), free = what is left of the limit. Returns 1 when limited. */
+static int limit_nvml_view(nvmlDevice_t device, unsigned long long *total, unsigned long long *free,
+                           unsigned long long *used)
+{
+    int dev = nvml_dev(device);
+    uint64_t limit = dev >= 0 ? vgpu_budget_limit(dev) : 0;
+
+    if (!limit)
+        return 0;
+    *used = vgpu_budget_used(dev);
+    *free = limited_free(*used, limit, *free);
+    *total = limit;
+    return 1;
+}
+
 VGPU_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory)
 {
-    __typeof__(&nvmlDeviceGetMemoryInfo) real = REAL(nvmlDeviceGetMemoryInfo);
     nvmlReturn_t rc;
-    uint64_t limit;
-    int dev;
 
     if (!memory)
         return NVML_ERROR_INVALID_ARGUMENT;
-    rc = real(device, memory);
-    if (rc != NVML_SUCCESS)
-        return rc;
-    dev = nvml_dev(device);
-    limit = dev >= 0 ? vgpu_budget_limit(dev) : 0;
-    if (limit) { /* one sum, so used and free agree */
-        uint64_t used = vgpu_budget_used(dev);
-        memory->used = used;
-        memory->free = limited_free(used, limit, memory->free);
-        memory->total = limit;
-    }
-    return NVML_SUCCESS;
+    rc = REAL(nvmlDeviceGetMemoryInfo)(device, memory);
+    if (rc == NVML_SUCCESS)
+        limit_nvml_view(device, &memory->total, &memory->free, &memory->used);
+    return rc;
 }
 VGPU_OWN_ALIAS(nvmlDeviceGetMemoryInfo)
 
 VGPU_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *memory)
 {
-    __typeof__(&nvmlDeviceGetMemoryInfo_v2) real = REAL(nvmlDeviceGetMemoryInfo_v2);
     nvmlReturn_t rc;
-    uint64_t limit;
-    int dev;
 
     if (!memory)
         return NVML_ERROR_INVALID_ARGUMENT;
-    rc = real(device, memory);
-    if (rc != NVML_SUCCESS)
-        return rc;
-    dev = nvml_dev(device);
-    limit = dev >= 0 ? vgpu_budget_limit(dev) : 0;
-    if (limit) {
-        uint64_t used = vgpu_budget_used(dev);
-        memory->used = used;
+    rc = REAL(nvmlDeviceGetMemoryInfo_v2)(device, memory);
+    if (rc == NVML_SUCCESS && limit_nvml_view(device, &memory->total, &memory->free, &memory->used))
         memory->reserved = 0;
-        memory->free = limited_free(used, limit, memory->free);
-        memory->total = limit;
-    }
-    return NVML_SUCCESS;
+    return rc;
 }
 VGPU_OWN_ALIAS(nvmlDeviceGetMemoryInfo_v2)
