@@ -3,6 +3,8 @@ and the README opening with the two fresh-machine commands."""
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from pathlib import Path
 from urllib.parse import unquote
 
@@ -149,3 +151,10 @@ def test_documented_options_exist(doc: Path) -> None:
             if re.match(r"^--?[A-Za-z]", opt) and opt not in names:
                 wrong.append(f"{path} {opt}")
     assert not wrong, f"{doc.relative_to(ROOT)} documents options that do not exist: {', '.join(sorted(set(wrong)))}"
+
+
+def test_cli_reference_is_current() -> None:
+    """docs/cli-reference.md is what the generator makes from today's --help: regenerate it when help changes."""
+    proc = subprocess.run([sys.executable, str(ROOT / "docs" / "gen_cli_reference.py"), "--check"],
+                          capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 0, f"docs/cli-reference.md is stale: run python3 docs/gen_cli_reference.py\n{proc.stderr}"
