@@ -5,18 +5,12 @@ for is only true when `.gnu.version_r` says so.
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from elftools.common.exceptions import ELFError
-from elftools.elf.elffile import ELFFile
-
-from .errors import BuildError, ElfError
-
-_GLIBC_RE = re.compile(r"^GLIBC_(\d+(?:\.\d+)+)$")
-# Named GLIBC_ markers that stand for a release: a loader older than it refuses the library.
-_NAMED_GLIBC = {"GLIBC_ABI_DT_RELR": "2.36"}
+from .elf import facts as elf_facts
+from .elf.glibc import release_of, requirements_of, version_key
+from .errors import BuildError
 
 
 @dataclass
@@ -32,64 +26,27 @@ class ElfFacts:
     @property
     def max_glibc(self) -> str | None:
         """The highest glibc release any required version implies, e.g. `2.28`."""
-        vs = [glibc_release(v) for v in self.glibc_versions]
-        vs = [v for v in vs if v is not None]
-        return max(vs, key=_vt) if vs else None
-
-
-def _vt(v: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in v.split("."))
+        vs = [v for v in (glibc_release(g) for g in self.glibc_versions) if v is not None]
+        return max(vs, key=version_key) if vs else None
 
 
 def glibc_release(version_name: str) -> str | None:
     """`GLIBC_2.2.5` -> `2.2.5`; `GLIBC_ABI_DT_RELR` -> `2.36`; GLIBC_PRIVATE or unknown -> None."""
-    m = _GLIBC_RE.match(version_name)
-    if m:
-        return m.group(1)
-    return _NAMED_GLIBC.get(version_name)
+    return release_of(version_name)
 
 
 def read_facts(path: Path) -> ElfFacts:
-    try:
-        with open(path, "rb") as f:
-            elf = ELFFile(f)
-            facts = ElfFacts(machine=elf["e_machine"], soname=None)
-            for seg in elf.iter_segments():
-                if seg["p_type"] == "PT_GNU_STACK" and seg["p_flags"] & 0x1:
-                    facts.exec_stack = True
-            note = elf.get_section_by_name(".note.gnu.build-id")
-            if note is not None:
-                for n in note.iter_notes():
-                    if n["n_type"] == "NT_GNU_BUILD_ID":
-                        facts.build_id = n["n_desc"]
-            dyn = elf.get_section_by_name(".dynamic")
-            if dyn is not None:
-                for tag in dyn.iter_tags():
-                    if tag.entry.d_tag == "DT_SONAME":
-                        facts.soname = tag.soname
-                    elif tag.entry.d_tag == "DT_NEEDED":
-                        facts.needed.append(tag.needed)
-            vr = elf.get_section_by_name(".gnu.version_r")
-            if vr is not None:
-                for _verneed, auxes in vr.iter_versions():
-                    for aux in auxes:
-                        if aux.name.startswith("GLIBC_") and aux.name not in facts.glibc_versions:
-                            facts.glibc_versions.append(aux.name)
-            dynsym = elf.get_section_by_name(".dynsym")
-            if dynsym is not None:
-                names = set()
-                for sym in dynsym.iter_symbols():
-                    if (
-                        sym.name
-                        and sym["st_shndx"] != "SHN_UNDEF"
-                        and sym["st_info"]["bind"] in ("STB_GLOBAL", "STB_WEAK", "STB_GNU_UNIQUE")
-                    ):
-                        names.add(sym.name)
-                facts.exports = sorted(names)
-    except (ELFError, OSError, ValueError, KeyError) as e:
-        raise ElfError(f"{path}: not a readable ELF shared object ({e}): rebuild it") from None
-    facts.glibc_versions.sort(key=lambda v: _vt(glibc_release(v) or "0"))
-    return facts
+    """The build's view of the library, from the same ELF reader `vgpu-patch check` uses."""
+    f = elf_facts.read_facts(Path(path), role="built library")
+    return ElfFacts(
+        machine=f.machine,
+        soname=f.soname,
+        glibc_versions=requirements_of(f)["versions"],
+        needed=list(f.needed),
+        exports=sorted(f.exports),
+        exec_stack=f.stack_flags is not None and bool(f.stack_flags & 0x1),
+        build_id=f.build_id,
+    )
 
 
 def prove(path: Path, *, machine: str, glibc: str | None, exports: list[str] | None) -> ElfFacts:
@@ -103,7 +60,7 @@ def prove(path: Path, *, machine: str, glibc: str | None, exports: list[str] | N
     if bad:
         raise BuildError(f"{where} needs {', '.join(bad)}, which no container glibc guarantees: remove that import")
     if glibc is not None:
-        too_new = [v for v in facts.glibc_versions if _vt(glibc_release(v) or "0") > _vt(glibc)]
+        too_new = [v for v in facts.glibc_versions if version_key(glibc_release(v) or "0") > version_key(glibc)]
         if too_new:
             raise BuildError(
                 f"{where} needs {', '.join(too_new)} but the floor is glibc {glibc}: "
