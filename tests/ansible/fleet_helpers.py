@@ -19,6 +19,7 @@ REPO = Path(__file__).resolve().parents[2]
 ANSIBLE_DIR = REPO / "ansible"
 sys.path.insert(0, str(REPO / "tests"))
 
+from node_fixtures import NodeRoot, build_marked_lib  # noqa: E402
 from sshd_harness import SSHD  # noqa: E402
 
 # As root (CI), log in as an unprivileged user and become root through sudo, as on real nodes. That user's
@@ -27,10 +28,6 @@ from sshd_harness import SSHD  # noqa: E402
 LOGIN: dict = {"user": "vgpuansible", "create_user": True, "sudo": True} if os.geteuid() == 0 else {}
 BECOME = bool(LOGIN)
 
-_LIB_C = """
-static const char marker[] __attribute__((used)) = MARKER;
-int vgpu_fixture_version(void) { return VERSION; }
-"""
 _RECAP_RE = re.compile(r"^(\S+)\s+:\s+ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", re.M)
 
 
@@ -42,26 +39,16 @@ class Libs:
     not_elf: Path  # garbage named .so: the load test must refuse it
 
 
-@dataclass(eq=False)
-class Node:
-    sshd: SSHD
-    root: Path
+class Node(NodeRoot):
+    """A fake node root reached through its own sshd."""
+
+    def __init__(self, sshd: SSHD, root: Path) -> None:
+        super().__init__(root)
+        self.sshd = sshd
 
     @property
     def name(self) -> str:
         return self.sshd.alias
-
-    @property
-    def libdir(self) -> Path:
-        return self.root / "usr" / "local" / "vgpu"
-
-    @property
-    def state(self) -> Path:
-        return self.libdir / ".vgpu-patch"
-
-    def history(self) -> list[dict]:
-        path = self.state / "history.jsonl"
-        return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
 
 
 @dataclass
@@ -78,15 +65,7 @@ class Run:
 
 
 def build_lib(src_dir: Path, name: str, marker: str, version: int) -> Path:
-    out = src_dir / name
-    src = src_dir / "lib.c"
-    src.write_text(_LIB_C)
-    subprocess.run(
-        ["gcc", "-shared", "-fPIC", "-O0", f"-DMARKER={json.dumps(marker)}", f"-DVERSION={version}", "-o", str(out), str(src)],
-        check=True,
-        capture_output=True,
-    )
-    return out
+    return build_marked_lib(src_dir / name, marker, version)
 
 
 def write_inventory(nodes: list[Node], path: Path, host_vars: dict[str, dict] | None = None) -> Path:

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import json
 import os
 import shutil
@@ -11,12 +10,9 @@ from pathlib import Path
 import pytest
 
 from fleet_helpers import Libs, Node, run_playbook, write_inventory
+from node_fixtures import sha
 
 ALL_AT_ONCE = {"vgpu_patch_serial": "100%"}  # one batch: faster where batching is not under test
-
-
-def sha(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def assert_clean(node: Node) -> None:
