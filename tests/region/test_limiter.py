@@ -124,6 +124,8 @@ def test_measured_share_is_reported_in_the_slot(sim: Path, tmp_path: Path) -> No
             if cache.exists():
                 live = R.read_region(cache).live_procs()
                 seen += [s.sm_util[0] for s in live if s.sm_util[0]]
-        assert seen and 10 <= max(seen) <= 45, seen
+        # sm_util is rewritten once a second; the first window includes the bucket's start-up burst
+        # (it starts full), so the share the monitor sees once the limiter has settled is the latest one
+        assert seen and 10 <= seen[-1] <= 45, seen
     finally:
         p.wait(timeout=60)
