@@ -24,7 +24,7 @@ from typing import Any
 
 from . import __version__, elfproof, headers, manifest, toolchain
 from .errors import BuildError, UsageError
-from .surface import exported_names
+from .surface import HOOKS_DEF_REL, exported_names
 
 SRC_DIR = Path(__file__).resolve().parent.parent / "c_src"
 LIBRARY = "libvgpu.so"
@@ -176,9 +176,9 @@ def build_shim(
         raise UsageError(f"unknown build profile {profile!r}: choose one of {', '.join(PROFILES)}")
     prof = PROFILES[profile]
     src_dir = Path(src_dir or SRC_DIR).resolve()
-    hooks_def = src_dir / "interpose" / "hooks.def"
+    hooks_def = src_dir / HOOKS_DEF_REL
     if not hooks_def.is_file():
-        raise BuildError(f"{hooks_def} not found: the shim sources are incomplete (need interpose/hooks.def)")
+        raise BuildError(f"{hooks_def} not found: the shim sources are incomplete (need {HOOKS_DEF_REL})")
     if not list_sources(src_dir):
         raise BuildError(f"no .c or .S files under {src_dir} (tests/ excluded): nothing to build")
     tc = toolchain.resolve(compiler, arch, glibc)
@@ -191,7 +191,7 @@ def build_shim(
         # compile a snapshot: the manifest's hashes then describe exactly what was compiled, even
         # while someone edits c_src, and the snapshot's path is mapped away like any other
         orig_src, src_dir = src_dir, _snapshot(src_dir, build_dir / "src")
-        hooks_def = src_dir / "interpose" / "hooks.def"
+        hooks_def = src_dir / HOOKS_DEF_REL
         names = exported_names(hooks_def)
         src_sha = manifest.source_hash(src_dir)
         hooks_sha = manifest.sha256_file(hooks_def)

@@ -1,4 +1,4 @@
-"""The interposition surface: what our shim exports (c_src/interpose/hooks.def) and what the vendor's does.
+"""The interposition surface: what our shim exports (c_src/driver/hooks.def) and what the vendor's does.
 
 One home for both lists. `hooks.def` is the single table the C build expands (X-macro) into the
 real-pointer table, the generated pass-through trampolines and the export version script; this module
@@ -13,7 +13,9 @@ from importlib import resources
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-HOOKS_DEF = REPO_ROOT / "c_src" / "interpose" / "hooks.def"
+# where the table lives inside a shim source tree (c_src/ or a copy of it)
+HOOKS_DEF_REL = Path("driver") / "hooks.def"
+HOOKS_DEF = REPO_ROOT / "c_src" / HOOKS_DEF_REL
 
 # HOOK(name, lib, kind[, more fields appended later])
 _HOOK_RE = re.compile(r"^\s*HOOK\(\s*(\w+)\s*,\s*(\w+)\s*,\s*(\w+)\s*(?:,[^)]*)?\)")
@@ -36,15 +38,15 @@ def parse_hooks(path: Path = HOOKS_DEF) -> list[Hook]:
     return hooks
 
 
-# PTSZ(variant, base): per-thread-stream variants we wrap but never export
-_PTSZ_RE = re.compile(r"^\s*PTSZ\(\s*(\w+)\s*,\s*(\w+)\s*\)")
+# VARIANT(spelling, base): per-thread-stream and older-ABI spellings we wrap but never export
+_VARIANT_RE = re.compile(r"^\s*VARIANT\(\s*(\w+)\s*,\s*(\w+)\s*\)")
 
 
 def wrapped_variants(path: Path = HOOKS_DEF) -> dict[str, str]:
-    """variant -> base for every PTSZ(...) line: handed out by cuGetProcAddress/dlsym only."""
+    """spelling -> base for every VARIANT(...) line: handed out by cuGetProcAddress/dlsym only."""
     out = {}
     for line in path.read_text().splitlines():
-        m = _PTSZ_RE.match(line)
+        m = _VARIANT_RE.match(line)
         if m:
             out[m.group(1)] = m.group(2)
     return out

@@ -16,7 +16,7 @@
 #include <cuda.h>
 
 #include "accounting/budget.h"
-#include "interpose/real.h"
+#include "driver/real.h"
 #include "limits/limits.h"
 #include "region/region.h"
 

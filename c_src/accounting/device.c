@@ -3,7 +3,7 @@
 
 #include "accounting/device.h"
 #include "accounting/table.h"
-#include "interpose/real.h"
+#include "driver/real.h"
 
 /* Pool location attributes by value (CUDA 13 numbering): they entered cuda.h during 13.x, so 12.x and
  * early 13.0 headers lack the names. A driver that does not know them answers an error, which we handle. */

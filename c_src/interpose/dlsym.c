@@ -5,7 +5,7 @@
 #include <link.h>
 #include <stddef.h>
 
-#include "interpose/real.h"
+#include "driver/real.h"
 #include "interpose/wrapped.h"
 #include "log/log.h"
 

@@ -2,7 +2,7 @@
  * real call) for the SM limiter, which brackets the launch with events to measure its GPU time. */
 #include <cuda.h>
 
-#include "interpose/real.h"
+#include "driver/real.h"
 #include "limiter/limiter.h"
 
 #define LIMITED_LAUNCH(stream, call) \

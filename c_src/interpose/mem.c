@@ -8,7 +8,7 @@
 #include "accounting/charge.h"
 #include "accounting/device.h"
 #include "accounting/table.h"
-#include "interpose/real.h"
+#include "driver/real.h"
 
 #define KEY(p) ((uint64_t)(uintptr_t)(p))
 

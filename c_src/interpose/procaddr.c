@@ -7,7 +7,7 @@
 #endif
 #undef cuGetProcAddress /* cuda.h maps it to _v2; we also export the original 4-argument one */
 
-#include "interpose/real.h"
+#include "driver/real.h"
 #include "interpose/wrapped.h"
 #include "log/log.h"
 

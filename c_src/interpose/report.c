@@ -7,7 +7,7 @@
 
 #include "accounting/budget.h"
 #include "accounting/device.h"
-#include "interpose/real.h"
+#include "driver/real.h"
 #include "limits/limits.h"
 
 VGPU_EXPORT CUresult cuInit(unsigned int Flags)

@@ -3,7 +3,7 @@
 #include "vgpu.h"
 
 #define HOOK(name, lib, kind) HOOK_##kind(name)
-#define PTSZ(name, base)
+#define VARIANT(name, base)
 #define HOOK_PASS(name)
 #define HOOK_OWN(name)
 #define HOOK_STUB(name) \
@@ -12,4 +12,4 @@
     { \
         return 0; \
     }
-#include "interpose/hooks.def"
+#include "driver/hooks.def"

@@ -7,18 +7,18 @@
 
 #include <cuda.h>
 
-#include "interpose/real.h"
+#include "driver/real.h"
 #include "interpose/wrapped.h"
 
 /* hidden aliases of every OWN wrapper (VGPU_OWN_ALIAS) and the PTSZ variant wrappers */
 #define HOOK(name, lib, kind) HOOK_##kind(name)
-#define PTSZ(name, base) VGPU_HIDDEN void vgpu_own_##name(void);
+#define VARIANT(name, base) VGPU_HIDDEN void vgpu_own_##name(void);
 #define HOOK_PASS(name)
 #define HOOK_STUB(name)
 #define HOOK_OWN(name) VGPU_HIDDEN void vgpu_own_##name(void);
-#include "interpose/hooks.def"
+#include "driver/hooks.def"
 #undef HOOK
-#undef PTSZ
+#undef VARIANT
 #undef HOOK_OWN
 
 static const struct wrapped wrapped[] = {
@@ -28,10 +28,10 @@ static const struct wrapped wrapped[] = {
 #undef HOOK_STUB
 #define HOOK_PASS(name, lib)
 #define HOOK_STUB(name, lib)
-#define PTSZ(name, base) {#name, -1 - VGPU_VAR_##name, VGPU_LIB_CUDA, vgpu_own_##name},
-#include "interpose/hooks.def"
+#define VARIANT(name, base) {#name, -1 - VGPU_VAR_##name, VGPU_LIB_CUDA, vgpu_own_##name},
+#include "driver/hooks.def"
 #undef HOOK
-#undef PTSZ
+#undef VARIANT
 };
 
 #define NWRAPPED (sizeof wrapped / sizeof wrapped[0])

@@ -1,7 +1,7 @@
 /* The limiter's driver calls, from the real libcuda. Event and capture-query entry points are not
  * part of the interposed surface, so they are looked up directly (optional: a driver without them
  * leaves the limiter off rather than failing launches). */
-#include "interpose/real.h"
+#include "driver/real.h"
 #include "limiter/limiter_int.h"
 
 static void *sym(const char *name)

@@ -109,7 +109,7 @@ vgpuFixtureTrampoline:
 """
 
 FILES = {
-    "interpose/hooks.def": HOOKS_DEF,
+    "driver/hooks.def": HOOKS_DEF,
     "interpose/hooks.c": HOOKS_C,
     "interpose/trampoline.S": TRAMPOLINE_S,
     "core.h": CORE_H,

@@ -57,7 +57,7 @@ def test_compiler_error_shows_first_error_and_a_rerunnable_command(make_src, tmp
 
 def test_missing_hooks_def(tmp_path: Path, make_src) -> None:
     src = make_src()
-    (src / "interpose" / "hooks.def").unlink()
+    (src / "driver" / "hooks.def").unlink()
     with pytest.raises(BuildError) as e:
         build_shim(tmp_path / "out", src_dir=src)
     assert "hooks.def" in one_line(e)
@@ -66,14 +66,14 @@ def test_missing_hooks_def(tmp_path: Path, make_src) -> None:
 @needs_gcc
 def test_hook_without_definition_fails_the_proof(tmp_path: Path, make_src) -> None:
     # GNU ld ignores version-script names that are not defined; the ELF proof does not
-    src = make_src(**{"interpose/hooks.def": FILES["interpose/hooks.def"] + "HOOK(cuMissing, CUDA, OWN)\n"})
+    src = make_src(**{"driver/hooks.def": FILES["driver/hooks.def"] + "HOOK(cuMissing, CUDA, OWN)\n"})
     with pytest.raises(BuildError) as e:
         build_shim(tmp_path / "out", glibc=None, compiler="gcc", src_dir=src)
     assert "missing: cuMissing" in one_line(e) and "hooks.def" in str(e.value)
 
 
 def test_hook_without_definition_fails_with_zig(tmp_path: Path, make_src) -> None:
-    src = make_src(**{"interpose/hooks.def": FILES["interpose/hooks.def"] + "HOOK(cuMissing, CUDA, OWN)\n"})
+    src = make_src(**{"driver/hooks.def": FILES["driver/hooks.def"] + "HOOK(cuMissing, CUDA, OWN)\n"})
     with pytest.raises(BuildError) as e:
         build_shim(tmp_path / "out", arch="x86_64", glibc="2.28", compiler="zig", src_dir=src)
     assert "cuMissing" in one_line(e)  # lld refuses the version script before the proof runs
@@ -99,7 +99,7 @@ def test_glibc_private_import_is_refused(tmp_path: Path, make_src) -> None:
         "VGPU_EXPORT void vgpuPriv(void) { _nss_files_setprotoent(); }\n"
     )
     src = make_src(**{"interpose/hooks.c": hooks,
-                      "interpose/hooks.def": FILES["interpose/hooks.def"] + "HOOK(vgpuPriv, LIBC, OWN)\n"})
+                      "driver/hooks.def": FILES["driver/hooks.def"] + "HOOK(vgpuPriv, LIBC, OWN)\n"})
     try:
         build_shim(tmp_path / "out", glibc=None, compiler="gcc", src_dir=src)
     except BuildError as e:

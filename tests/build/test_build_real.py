@@ -10,8 +10,8 @@ from vgpu_patch import elfproof
 from vgpu_patch.build import SRC_DIR, build_shim
 from vgpu_patch.surface import exported_names
 
-HOOKS = SRC_DIR / "interpose" / "hooks.def"
-pytestmark = pytest.mark.skipif(not HOOKS.is_file(), reason="c_src/interpose/hooks.def not written yet")
+HOOKS = SRC_DIR / "driver" / "hooks.def"
+pytestmark = pytest.mark.skipif(not HOOKS.is_file(), reason="c_src/driver/hooks.def not written yet")
 
 
 @pytest.mark.parametrize("arch", ["x86_64", "aarch64"])

@@ -62,7 +62,7 @@ def test_manifest_fields(built, fixture_src: Path) -> None:
     assert "-Wl,--build-id=sha1" in m["flags"]["ldflags"] and "-Wl,-soname,libvgpu.so" in m["flags"]["ldflags"]
     assert m["tool"] == f"vgpu-patch {__version__}"
     assert m["source_sha256"] == source_hash(fixture_src)
-    assert m["hooks_def_sha256"] == hashlib.sha256((fixture_src / "interpose/hooks.def").read_bytes()).hexdigest()
+    assert m["hooks_def_sha256"] == hashlib.sha256((fixture_src / "driver/hooks.def").read_bytes()).hexdigest()
     assert m["headers"]["cuda_version"] >= 12000
     assert f'VGPU_VERSION="{__version__}"' in m["defines"]
     text = r.manifest_path.read_text()
@@ -79,7 +79,7 @@ def test_source_hash_follows_sources_not_tests(tmp_path: Path) -> None:
     (src / "core.h").write_text(FILES["core.h"] + "/* edit */\n")
     assert source_hash(src) != h0
     (src / "core.h").write_text(FILES["core.h"])
-    (src / "interpose" / "hooks.def").rename(src / "interpose" / "hooks2.def")
+    (src / "driver" / "hooks.def").rename(src / "driver" / "hooks2.def")
     assert source_hash(src) != h0  # paths count, not only contents
 
 

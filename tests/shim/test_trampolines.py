@@ -109,7 +109,7 @@ def test_each_trampoline_uses_its_own_slot(tmp_path: Path, arch: str) -> None:
         cc = ["gcc"]
     else:
         cc = [sys.executable, "-m", "ziglang", "cc", "-target", "aarch64-linux-gnu"]
-    subprocess.run(cc + ["-shared", "-fPIC", "-nostdlib", f"-I{C_SRC}", str(C_SRC / "interpose" / "trampolines.S"),
+    subprocess.run(cc + ["-shared", "-fPIC", "-nostdlib", f"-I{C_SRC}", str(C_SRC / "driver" / "trampolines.S"),
                          str(tmp_path / "r.c"), "-o", str(so)], check=True, capture_output=True, text=True)
     hooks = parse_hooks()
     with so.open("rb") as f:

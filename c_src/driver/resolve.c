@@ -10,9 +10,7 @@
 #include <cuda.h>
 #include <nvml.h>
 
-#include "accounting/table.h"
-#include "interpose/real.h"
-#include "interpose/wrapped.h"
+#include "driver/real.h"
 #include "limits/limits.h"
 #include "log/log.h"
 
@@ -20,26 +18,26 @@ VGPU_HIDDEN void *vgpu_real_var[VGPU_NVARS];
 
 static const char *const hook_name[VGPU_NHOOKS] = {
 #define HOOK(name, lib, kind) #name,
-#define PTSZ(name, base)
-#include "interpose/hooks.def"
+#define VARIANT(name, base)
+#include "driver/hooks.def"
 #undef HOOK
-#undef PTSZ
+#undef VARIANT
 };
 
 static const unsigned char hook_lib[VGPU_NHOOKS] = {
 #define HOOK(name, lib, kind) VGPU_LIB_##lib,
-#define PTSZ(name, base)
-#include "interpose/hooks.def"
+#define VARIANT(name, base)
+#include "driver/hooks.def"
 #undef HOOK
-#undef PTSZ
+#undef VARIANT
 };
 
 static const char *const var_name[VGPU_NVARS] = {
 #define HOOK(name, lib, kind)
-#define PTSZ(name, base) #name,
-#include "interpose/hooks.def"
+#define VARIANT(name, base) #name,
+#include "driver/hooks.def"
 #undef HOOK
-#undef PTSZ
+#undef VARIANT
 };
 
 /* What a PASS symbol becomes when the real library lacks it (or is missing). */
@@ -160,11 +158,6 @@ static void fill_slots(int lib)
         }
 }
 
-static void *cuda_lookup(const char *name)
-{
-    return vgpu_resolve(name, VGPU_LIB_CUDA, 0);
-}
-
 static void open_lib(int lib, const char *soname)
 {
     void *h;
@@ -175,8 +168,6 @@ static void open_lib(int lib, const char *soname)
     if (!h)
         VGPU_INFO("cannot open %s: %s", soname, dlerror());
     __atomic_store_n(&lib_handle[lib], h, __ATOMIC_RELEASE);
-    if (h && lib == VGPU_LIB_CUDA)
-        vgpu_learn_driver_aliases(cuda_lookup); /* before the slots publish them to other threads */
     fill_slots(lib);
 }
 
@@ -224,34 +215,4 @@ VGPU_HIDDEN void *vgpu_var_resolve(int var)
     vgpu_lib_init(VGPU_LIB_CUDA);
     fn = __atomic_load_n(&vgpu_real_var[var], __ATOMIC_ACQUIRE);
     return fn ? fn : (void *)cuda_not_found;
-}
-
-/* ---- process lifecycle ---- */
-static void atfork_prepare(void)
-{
-    vgpu_table_atfork_prepare();
-}
-
-static void atfork_parent(void)
-{
-    vgpu_table_atfork_parent();
-}
-
-static void atfork_child(void)
-{
-    vgpu_table_atfork_child();
-}
-
-/* VGPU_DEBUG_DLSYM=1: log every dlsym / cuGetProcAddress answer (field debugging, any build) */
-VGPU_HIDDEN int vgpu_debug_dlsym;
-
-/* Reads the environment only: no CUDA, no dlopen, no umask, no signal handlers. */
-__attribute__((constructor)) static void vgpu_ctor(void)
-{
-    const char *dbg = getenv("VGPU_DEBUG_DLSYM");
-
-    vgpu_debug_dlsym = dbg && dbg[0] == '1';
-    vgpu_log_init_from_env();
-    vgpu_limits_load_env();
-    pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
 }

@@ -10,20 +10,20 @@ enum vgpu_lib { VGPU_LIB_CUDA = 0, VGPU_LIB_NVML = 1, VGPU_LIB_LIBC = 2 };
 
 enum vgpu_hook_idx {
 #define HOOK(name, lib, kind) VGPU_IDX_##name,
-#define PTSZ(name, base)
-#include "interpose/hooks.def"
+#define VARIANT(name, base)
+#include "driver/hooks.def"
 #undef HOOK
-#undef PTSZ
+#undef VARIANT
     VGPU_NHOOKS
 };
 
 /* per-thread-stream variants of OWN entries: not exported, slots kept in C */
 enum vgpu_var_idx {
 #define HOOK(name, lib, kind)
-#define PTSZ(name, base) VGPU_VAR_##name,
-#include "interpose/hooks.def"
+#define VARIANT(name, base) VGPU_VAR_##name,
+#include "driver/hooks.def"
 #undef HOOK
-#undef PTSZ
+#undef VARIANT
     VGPU_NVARS
 };
 

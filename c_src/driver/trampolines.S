@@ -5,7 +5,7 @@
  * This file also defines vgpu_real[]: one slot per HOOK line, in file order. */
 
 #define HOOK(name, lib, kind) HOOK_##kind(name) VGPU_SLOT(name) ; .set .Lvgpu_idx, .Lvgpu_idx + 1 ;
-#define PTSZ(name, base)
+#define VARIANT(name, base)
 #define HOOK_OWN(name)
 #define HOOK_STUB(name)
 
@@ -145,7 +145,7 @@ vgpu_pass_slow:
 #endif
 
     .set .Lvgpu_idx, 0
-#include "interpose/hooks.def"
+#include "driver/hooks.def"
 
     .pushsection .bss.vgpu_real, "aw", NOBITS
     .size vgpu_real, . - vgpu_real
