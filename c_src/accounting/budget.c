@@ -6,7 +6,8 @@
  *          driver call) dead peers are reaped and the claim is tried once more. No limit: an
  *          atomic add, no lock.
  * release: an atomic subtract on our own slot, no lock.
- * used:    the container-wide sum, as HAMi's monitor computes it.
+ * force:   memory the driver already took (contexts, pool reserves): counted whatever the limit.
+ * used:    the container-wide sum, as HAMi's monitor computes it; mine: this process's part.
  * The region is attached on first use. When it cannot be (unwritable file, foreign format, all
  * slots live) a warning says why and the limits hold per process, with local counters. */
 #include <pthread.h>
@@ -16,11 +17,13 @@
 #include <cuda.h>
 
 #include "accounting/budget.h"
+#include "accounting/device.h"
 #include "driver/real.h"
 #include "limits/limits.h"
 #include "region/region.h"
 
 static uint64_t local_used[VGPU_MAX_DEVICES]; /* fallback when the region is unusable */
+static uint64_t mine[VGPU_MAX_DEVICES];       /* this process's charges, region or not */
 static int state;                             /* 0 not tried, 1 region, -1 local */
 static int devices_known;
 static pthread_once_t attach_once = PTHREAD_ONCE_INIT;
@@ -39,17 +42,8 @@ static void device_facts(vgpu_region_config_t *cfg)
         return;
     if (n > VGPU_MAX_DEVICES)
         n = VGPU_MAX_DEVICES;
-    for (i = 0; i < n; i++) {
-        CUdevice dev;
-        CUuuid u;
-        const unsigned char *b = (const unsigned char *)u.bytes;
-
-        if (REAL(cuDeviceGet)(&dev, i) != CUDA_SUCCESS || REAL(cuDeviceGetUuid_v2)(&u, dev) != CUDA_SUCCESS)
-            continue; /* left empty: the monitor matches devices by index too */
-        snprintf(cfg->uuid[i], sizeof cfg->uuid[i],
-                 "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0], b[1], b[2],
-                 b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
-    }
+    for (i = 0; i < n; i++)
+        vgpu_dev_uuid(i, cfg->uuid[i], sizeof cfg->uuid[i]); /* left empty on failure: the monitor matches by index too */
     cfg->device_count = n;
 }
 
@@ -122,7 +116,34 @@ VGPU_HIDDEN int vgpu_budget_reserve(int dev, uint64_t bytes)
             learn_devices();
         rc = vgpu_region_reserve(dev, bytes);
     }
-    return rc == -2 ? local_reserve(dev, bytes) : rc;
+    if (rc == -2)
+        rc = local_reserve(dev, bytes);
+    if (rc == 0)
+        __atomic_fetch_add(&mine[dev], bytes, __ATOMIC_RELAXED);
+    return rc;
+}
+
+VGPU_HIDDEN void vgpu_budget_force(int dev, uint64_t bytes)
+{
+    vgpu_proc_slot_t *self;
+
+    if (!in_range(dev) || !bytes)
+        return;
+    self = region() ? vgpu_region_self() : NULL;
+    if (self)
+        vgpu_slot_add(self, dev, bytes);
+    else
+        __atomic_fetch_add(&local_used[dev], bytes, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&mine[dev], bytes, __ATOMIC_RELAXED);
+}
+
+static void sub_saturating(uint64_t *p, uint64_t bytes)
+{
+    uint64_t cur = __atomic_load_n(p, __ATOMIC_RELAXED);
+
+    while (!__atomic_compare_exchange_n(p, &cur, cur > bytes ? cur - bytes : 0, 1, __ATOMIC_RELAXED,
+                                        __ATOMIC_RELAXED))
+        ;
 }
 
 VGPU_HIDDEN void vgpu_budget_release(int dev, uint64_t bytes)
@@ -132,7 +153,19 @@ VGPU_HIDDEN void vgpu_budget_release(int dev, uint64_t bytes)
     if (region() && vgpu_region_self())
         vgpu_region_release(dev, bytes);
     else
-        __atomic_fetch_sub(&local_used[dev], bytes, __ATOMIC_RELAXED);
+        sub_saturating(&local_used[dev], bytes);
+    sub_saturating(&mine[dev], bytes);
+}
+
+VGPU_HIDDEN uint64_t vgpu_budget_mine(int dev)
+{
+    return in_range(dev) ? __atomic_load_n(&mine[dev], __ATOMIC_RELAXED) : 0;
+}
+
+VGPU_HIDDEN void vgpu_budget_atfork_child(void)
+{
+    memset(mine, 0, sizeof mine);
+    memset(local_used, 0, sizeof local_used);
 }
 
 VGPU_HIDDEN uint64_t vgpu_budget_used(int dev)

@@ -11,6 +11,12 @@
 /* 0 when `bytes` fit under the device's limit (and are now counted), -1 when over the limit */
 VGPU_HIDDEN int vgpu_budget_reserve(int dev, uint64_t bytes);
 VGPU_HIDDEN void vgpu_budget_release(int dev, uint64_t bytes);
+/* count bytes that are already in use whatever the limit says (memory the driver took for us) */
+VGPU_HIDDEN void vgpu_budget_force(int dev, uint64_t bytes);
+/* what this process has counted on dev (all of its charges; the container-wide sum is _used) */
+VGPU_HIDDEN uint64_t vgpu_budget_mine(int dev);
+/* a forked child starts with nothing counted of its own */
+VGPU_HIDDEN void vgpu_budget_atfork_child(void);
 VGPU_HIDDEN uint64_t vgpu_budget_used(int dev);
 /* bytes, 0 = no limit */
 VGPU_HIDDEN uint64_t vgpu_budget_limit(int dev);

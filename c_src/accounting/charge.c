@@ -1,17 +1,95 @@
 /* Policy glue between the wrappers and budget/table; the only place that decides to charge. */
+#include <time.h>
+
 #include "accounting/budget.h"
 #include "accounting/charge.h"
+#include "accounting/device.h"
+#include "accounting/overhead.h"
+#include "accounting/pool.h"
 #include "accounting/table.h"
 #include "limits/limits.h"
 #include "log/log.h"
 
+#define MiB (1024.0 * 1024.0)
+
+/* Within this distance of the limit, what the driver holds beyond our charges is measured again
+ * before deciding (it grows as modules load); further away a stale figure cannot matter. */
+static uint64_t near_margin(uint64_t limit)
+{
+    uint64_t m = limit / 16;
+
+    return m < (32u << 20) ? (32u << 20) : m > (512u << 20) ? (512u << 20) : m;
+}
+
+/* One line per refusal, at most one a second per process; the ones in between are counted. */
+static void log_refusal(int dev, uint64_t bytes)
+{
+    static uint64_t last_s;
+    static unsigned suppressed;
+    struct timespec ts;
+    uint64_t now, prev;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    now = (uint64_t)ts.tv_sec;
+    prev = __atomic_load_n(&last_s, __ATOMIC_RELAXED);
+    if (prev && now - prev < 1) {
+        __atomic_fetch_add(&suppressed, 1, __ATOMIC_RELAXED);
+        return;
+    }
+    if (!__atomic_compare_exchange_n(&last_s, &prev, now ? now : 1, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+        __atomic_fetch_add(&suppressed, 1, __ATOMIC_RELAXED);
+        return;
+    }
+    VGPU_WARN("device %d: refused an allocation of %.1f MiB: the container uses %.1f of its %.1f MiB limit (this "
+              "process %.1f MiB, host pid %u)%s",
+              dev, bytes / MiB, vgpu_budget_used(dev) / MiB, vgpu_budget_limit(dev) / MiB,
+              vgpu_budget_mine(dev) / MiB, vgpu_overhead_host_pid(),
+              __atomic_exchange_n(&suppressed, 0, __ATOMIC_RELAXED) ? "; earlier refusals in the last second not shown"
+                                                                   : "");
+}
+
 VGPU_HIDDEN CUresult vgpu_charge(int dev, uint64_t bytes)
 {
+    uint64_t limit;
+
     if (VGPU_UNLIKELY(!vgpu_limits_valid()))
         return CUDA_ERROR_INVALID_VALUE; /* never run unlimited on a malformed limit */
     if (dev < 0)
         return CUDA_SUCCESS; /* host or unknown location: not charged */
-    return vgpu_budget_reserve(dev, bytes) == 0 ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+    limit = vgpu_budget_limit(dev);
+    if (limit) {
+        uint64_t used = vgpu_budget_used(dev);
+        if (VGPU_UNLIKELY(used + bytes + near_margin(limit) > limit || used + bytes < used))
+            vgpu_overhead_refresh(dev, 0);
+    }
+    if (VGPU_LIKELY(vgpu_budget_reserve(dev, bytes) == 0))
+        return CUDA_SUCCESS;
+    /* before refusing: pools may have been trimmed at a synchronize, contexts destroyed */
+    vgpu_pool_settle_dev(dev);
+    vgpu_overhead_refresh(dev, 1);
+    if (vgpu_budget_reserve(dev, bytes) == 0)
+        return CUDA_SUCCESS;
+    log_refusal(dev, bytes);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+/* Charge an allocation made in this thread's current context. With a single visible device (the
+ * driver's count, cached after cuInit) it can only land on device 0, so no cuCtxGetDevice on the
+ * hot path (vgpu_dev_of_current_ctx). Without a current context the real call fails and
+ * vgpu_settle gives the charge back; if the charge is refused, the real query decides, so a
+ * context-less call still gets the driver's own error, never OUT_OF_MEMORY. */
+VGPU_HIDDEN CUresult vgpu_charge_current(int *dev, uint64_t bytes)
+{
+    int single = vgpu_dev_single();
+    CUresult rc;
+
+    *dev = vgpu_dev_of_current_ctx();
+    rc = vgpu_charge(*dev, bytes);
+    if (VGPU_UNLIKELY(rc == CUDA_ERROR_OUT_OF_MEMORY && single) && vgpu_dev_current() < 0) {
+        *dev = VGPU_DEV_UNKNOWN; /* no context: nothing to charge, the driver answers */
+        rc = CUDA_SUCCESS;
+    }
+    return rc;
 }
 
 VGPU_HIDDEN void vgpu_settle(CUresult rc, uint64_t key, int kind, int dev, uint64_t bytes)

@@ -1,5 +1,6 @@
 /* Device resolution. Never indexes anything with an id the driver did not vouch for. */
 #include <stddef.h>
+#include <stdio.h>
 
 #include "accounting/device.h"
 #include "accounting/table.h"
@@ -146,4 +147,18 @@ VGPU_HIDDEN int vgpu_dev_from_pool(CUmemoryPool pool, CUstream stream)
         return dev;
     }
     return vgpu_dev_from_stream(stream);
+}
+
+/* "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" as nvidia-smi and NVML print it; 0 on success */
+VGPU_HIDDEN int vgpu_dev_uuid(int ordinal, char *out, size_t n)
+{
+    CUdevice dev;
+    CUuuid u;
+    const unsigned char *b = (const unsigned char *)u.bytes;
+
+    if (REAL(cuDeviceGet)(&dev, ordinal) != CUDA_SUCCESS || REAL(cuDeviceGetUuid_v2)(&u, dev) != CUDA_SUCCESS)
+        return -1;
+    snprintf(out, n, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0], b[1], b[2],
+             b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
+    return 0;
 }

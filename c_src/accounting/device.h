@@ -5,6 +5,7 @@
 #define VGPU_DEVICE_H
 
 #include <cuda.h>
+#include <stddef.h>
 
 #include "vgpu.h"
 
@@ -16,5 +17,7 @@ VGPU_HIDDEN int vgpu_dev_from_location(const CUmemLocation *loc);
 VGPU_HIDDEN int vgpu_dev_from_stream(CUstream stream);
 VGPU_HIDDEN int vgpu_dev_from_pool(CUmemoryPool pool, CUstream stream);
 VGPU_HIDDEN void vgpu_dev_forget_count(void);
+/* the device's UUID as NVML prints it ("GPU-..."); 0 on success */
+VGPU_HIDDEN int vgpu_dev_uuid(int ordinal, char *out, size_t n);
 
 #endif

@@ -1,5 +1,6 @@
 /* Wrappers of the linear allocators: cuMemAlloc, pitch, managed, stream-ordered and pools.
- * Each one: resolve real -> pick the device from the arguments -> charge -> call -> settle. */
+ * Each one: resolve real -> pick the device from the arguments -> charge -> call -> settle
+ * (accounting/charge.h); stream-ordered ones charge their pool's reserve instead. */
 #include <stdint.h>
 
 #include <cuda.h>
@@ -7,52 +8,23 @@
 #include "accounting/budget.h"
 #include "accounting/charge.h"
 #include "accounting/device.h"
+#include "accounting/pool.h"
 #include "accounting/table.h"
 #include "driver/real.h"
 
 #define KEY(p) ((uint64_t)(uintptr_t)(p))
 
-/* Charge an allocation made in this thread's current context. With a single visible device (the
- * driver's count, cached after cuInit) it can only land on device 0, so no cuCtxGetDevice on the
- * hot path (vgpu_dev_of_current_ctx). Without a current context the real call fails
- * and vgpu_settle gives the charge back; if the charge is refused, the real query decides, so a
- * context-less call still gets the driver's own error, never OUT_OF_MEMORY. */
-static CUresult charge_current(int *dev, uint64_t bytes)
-{
-    int single = vgpu_dev_single();
-    CUresult rc;
-
-    *dev = vgpu_dev_of_current_ctx();
-    rc = vgpu_charge(*dev, bytes);
-    if (VGPU_UNLIKELY(rc == CUDA_ERROR_OUT_OF_MEMORY && single) && vgpu_dev_current() < 0) {
-        *dev = VGPU_DEV_UNKNOWN; /* no context: nothing to charge, the driver answers */
-        rc = CUDA_SUCCESS;
-    }
-    return rc;
-}
-
 VGPU_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
 {
     __typeof__(&cuMemAlloc_v2) real = REAL(cuMemAlloc_v2);
-    int dev;
-    CUresult rc = charge_current(&dev, bytesize);
 
-    if (rc != CUDA_SUCCESS)
-        return rc;
-    rc = real(dptr, bytesize);
-    vgpu_settle(rc, rc == CUDA_SUCCESS ? *dptr : 0, VGPU_K_DPTR, dev, bytesize);
-    return rc;
+    return VGPU_CHARGED_CURRENT(bytesize, VGPU_K_DPTR, real(dptr, bytesize), *dptr);
 }
 VGPU_OWN_ALIAS(cuMemAlloc_v2)
 
 VGPU_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
 {
-    __typeof__(&cuMemFree_v2) real = REAL(cuMemFree_v2);
-    struct vgpu_tracked t = vgpu_untrack(dptr, VGPU_K_DPTR);
-    CUresult rc = real(dptr);
-
-    vgpu_untrack_done(rc, dptr, VGPU_K_DPTR, t);
-    return rc;
+    return VGPU_UNTRACKED(dptr, VGPU_K_DPTR, REAL(cuMemFree_v2)(dptr));
 }
 VGPU_OWN_ALIAS(cuMemFree_v2)
 
@@ -64,7 +36,7 @@ VGPU_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_
     __typeof__(&cuMemAllocPitch_v2) real = REAL(cuMemAllocPitch_v2);
     int dev;
     uint64_t est = vgpu_mul_sat(WidthInBytes, Height), actual;
-    CUresult rc = charge_current(&dev, est);
+    CUresult rc = vgpu_charge_current(&dev, est);
 
     if (rc != CUDA_SUCCESS)
         return rc;
@@ -90,28 +62,46 @@ VGPU_OWN_ALIAS(cuMemAllocPitch_v2)
 VGPU_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags)
 {
     __typeof__(&cuMemAllocManaged) real = REAL(cuMemAllocManaged);
-    int dev;
-    CUresult rc = charge_current(&dev, bytesize);
 
-    if (rc != CUDA_SUCCESS)
-        return rc;
-    rc = real(dptr, bytesize, flags);
-    vgpu_settle(rc, rc == CUDA_SUCCESS ? *dptr : 0, VGPU_K_DPTR, dev, bytesize);
-    return rc;
+    return VGPU_CHARGED_CURRENT(bytesize, VGPU_K_DPTR, real(dptr, bytesize, flags), *dptr);
 }
 VGPU_OWN_ALIAS(cuMemAllocManaged)
 
-/* ---- stream-ordered: the device comes from the stream / pool, never from this thread's context ---- */
+/* ---- stream-ordered: the device comes from the stream / pool, never from this thread's context.
+ * The charge is the pool's reserve (accounting/pool.h): before the call, what the allocation may
+ * add to it; after, the reserve as the driver reports it. A pool that cannot be read that way
+ * (no reserve attribute) is charged per allocation, as linear memory is. ---- */
+static CUresult pooled(int dev, CUmemoryPool pool, CUdeviceptr *dptr, size_t bytesize, CUresult rc_call,
+                       uint64_t need)
+{
+    if (dev < 0)
+        return rc_call;
+    vgpu_budget_release(dev, need);
+    if (vgpu_pool_settle(pool, dev) == 0)
+        return rc_call;
+    /* per allocation: charge it now, the driver already gave it */
+    if (rc_call == CUDA_SUCCESS) {
+        vgpu_budget_force(dev, bytesize);
+        vgpu_settle(CUDA_SUCCESS, *dptr, VGPU_K_DPTR, dev, bytesize);
+    }
+    return rc_call;
+}
+
+#define POOLED(dev, pool, dptr, bytesize, call) \
+    __extension__({ \
+        uint64_t need_ = vgpu_pool_need((pool), (bytesize)); \
+        CUresult rc_ = vgpu_charge((dev), need_); \
+        if (rc_ == CUDA_SUCCESS) \
+            rc_ = pooled((dev), (pool), (dptr), (bytesize), (call), need_); \
+        rc_; \
+    })
+
 static CUresult alloc_async(__typeof__(&cuMemAllocAsync) real, CUdeviceptr *dptr, size_t bytesize, CUstream s)
 {
     int dev = vgpu_dev_from_stream(s);
-    CUresult rc = vgpu_charge(dev, bytesize);
+    CUmemoryPool pool = vgpu_pool_current(dev);
 
-    if (rc != CUDA_SUCCESS)
-        return rc;
-    rc = real(dptr, bytesize, s);
-    vgpu_settle(rc, rc == CUDA_SUCCESS ? *dptr : 0, VGPU_K_DPTR, dev, bytesize);
-    return rc;
+    return POOLED(dev, pool, dptr, bytesize, real(dptr, bytesize, s));
 }
 
 VGPU_EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
@@ -129,13 +119,8 @@ static CUresult alloc_pool(__typeof__(&cuMemAllocFromPoolAsync) real, CUdevicept
                            CUmemoryPool pool, CUstream s)
 {
     int dev = vgpu_dev_from_pool(pool, s);
-    CUresult rc = vgpu_charge(dev, bytesize);
 
-    if (rc != CUDA_SUCCESS)
-        return rc;
-    rc = real(dptr, bytesize, pool, s);
-    vgpu_settle(rc, rc == CUDA_SUCCESS ? *dptr : 0, VGPU_K_DPTR, dev, bytesize);
-    return rc;
+    return POOLED(dev, pool, dptr, bytesize, real(dptr, bytesize, pool, s));
 }
 
 VGPU_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream)
@@ -150,25 +135,18 @@ VGPU_HIDDEN CUresult vgpu_own_cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, si
     return alloc_pool(vgpu_var_fn(VGPU_VAR_cuMemAllocFromPoolAsync_ptsz), dptr, bytesize, pool, hStream);
 }
 
-/* released when the free is enqueued: the memory returns to the pool, reusable by this process */
-static CUresult free_async(__typeof__(&cuMemFreeAsync) real, CUdeviceptr dptr, CUstream s)
-{
-    struct vgpu_tracked t = vgpu_untrack(dptr, VGPU_K_DPTR);
-    CUresult rc = real(dptr, s);
-
-    vgpu_untrack_done(rc, dptr, VGPU_K_DPTR, t);
-    return rc;
-}
-
+/* The memory goes back to its pool, which keeps it reserved (and charged) until the driver trims
+ * the pool; only allocations charged one by one are released here. */
 VGPU_EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream)
 {
-    return free_async(REAL(cuMemFreeAsync), dptr, hStream);
+    return VGPU_UNTRACKED(dptr, VGPU_K_DPTR, REAL(cuMemFreeAsync)(dptr, hStream));
 }
 VGPU_OWN_ALIAS(cuMemFreeAsync)
 
 VGPU_HIDDEN CUresult vgpu_own_cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream)
 {
-    return free_async(vgpu_var_fn(VGPU_VAR_cuMemFreeAsync_ptsz), dptr, hStream);
+    return VGPU_UNTRACKED(dptr, VGPU_K_DPTR,
+                          ((__typeof__(&cuMemFreeAsync))vgpu_var_fn(VGPU_VAR_cuMemFreeAsync_ptsz))(dptr, hStream));
 }
 
 /* ---- pools: remember each pool's device for drivers without CU_MEMPOOL_ATTR_LOCATION_* ---- */
@@ -188,8 +166,10 @@ VGPU_EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool)
     uint64_t unused;
     CUresult rc = REAL(cuMemPoolDestroy)(pool);
 
-    if (rc == CUDA_SUCCESS)
+    if (rc == CUDA_SUCCESS) {
         vgpu_table_take(KEY(pool), VGPU_K_POOL, &dev, &unused);
+        vgpu_pool_forget(pool);
+    }
     return rc;
 }
 VGPU_OWN_ALIAS(cuMemPoolDestroy)

@@ -1,12 +1,14 @@
 /* cuInit and the memory reporting calls: with a limit they show the limit (total) and the
  * budget left (free); without one, the real device. Never 0 bytes, NULL outputs tolerated. */
 #include <stdint.h>
+#include <string.h>
 
 #include <cuda.h>
 #include <nvml.h>
 
 #include "accounting/budget.h"
 #include "accounting/device.h"
+#include "accounting/overhead.h"
 #include "driver/real.h"
 #include "limits/limits.h"
 
@@ -48,6 +50,7 @@ VGPU_EXPORT CUresult cuMemGetInfo_v2(size_t *free, size_t *total)
     dev = vgpu_dev_of_current_ctx();
     limit = dev >= 0 ? vgpu_budget_limit(dev) : 0;
     if (limit) {
+        vgpu_overhead_ensure(dev); /* a context made before we could see it: measured once */
         f = (size_t)limited_free(vgpu_budget_used(dev), limit, f);
         t = (size_t)limit;
     }
@@ -81,10 +84,23 @@ VGPU_EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
 }
 VGPU_OWN_ALIAS(cuDeviceTotalMem_v2)
 
-/* NVML index == CUDA ordinal inside a HAMi container: both see only the container's devices */
+/* The container's CUDA ordinal of an NVML device, matched by UUID: NVML numbers devices as the
+ * host does, CUDA as CUDA_VISIBLE_DEVICES orders them. Before the CUDA driver can name its devices
+ * (no cuInit yet), NVML's index stands in, as HAMi's own containers see the same devices in the
+ * same order. */
 static int nvml_dev(nvmlDevice_t device)
 {
+    char want[96], have[96];
     unsigned int idx = 0;
+    int n = 0, i;
+
+    if (REAL(nvmlDeviceGetUUID)(device, want, sizeof want) == NVML_SUCCESS &&
+        REAL(cuDeviceGetCount)(&n) == CUDA_SUCCESS) {
+        for (i = 0; i < n && i < VGPU_MAX_DEVICES; i++)
+            if (vgpu_dev_uuid(i, have, sizeof have) == 0 && strcmp(have, want) == 0)
+                return i;
+        return VGPU_DEV_UNKNOWN; /* a device this container's CUDA does not see */
+    }
     if (REAL(nvmlDeviceGetIndex)(device, &idx) != NVML_SUCCESS || idx >= VGPU_MAX_DEVICES)
         return VGPU_DEV_UNKNOWN;
     return (int)idx;
@@ -100,6 +116,7 @@ static int limit_nvml_view(nvmlDevice_t device, unsigned long long *total, unsig
 
     if (!limit)
         return 0;
+    vgpu_overhead_ensure(dev);
     *used = vgpu_budget_used(dev);
     *free = limited_free(*used, limit, *free);
     *total = limit;

@@ -17,24 +17,14 @@ VGPU_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t si
 {
     __typeof__(&cuMemCreate) real = REAL(cuMemCreate);
     int dev = vgpu_dev_from_location(prop ? &prop->location : NULL);
-    CUresult rc = vgpu_charge(dev, size);
 
-    if (rc != CUDA_SUCCESS)
-        return rc;
-    rc = real(handle, size, prop, flags);
-    vgpu_settle(rc, rc == CUDA_SUCCESS ? *handle : 0, VGPU_K_VMM, dev, size);
-    return rc;
+    return VGPU_CHARGED(dev, size, VGPU_K_VMM, real(handle, size, prop, flags), *handle);
 }
 VGPU_OWN_ALIAS(cuMemCreate)
 
 VGPU_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
 {
-    __typeof__(&cuMemRelease) real = REAL(cuMemRelease);
-    struct vgpu_tracked t = vgpu_untrack(handle, VGPU_K_VMM);
-    CUresult rc = real(handle);
-
-    vgpu_untrack_done(rc, handle, VGPU_K_VMM, t);
-    return rc;
+    return VGPU_UNTRACKED(handle, VGPU_K_VMM, REAL(cuMemRelease)(handle));
 }
 VGPU_OWN_ALIAS(cuMemRelease)
 
@@ -66,51 +56,27 @@ static uint64_t array_bytes(uint64_t w, uint64_t h, uint64_t d, unsigned channel
     return vgpu_mul_sat(vgpu_mul_sat(vgpu_mul_sat(at_least_1(w), at_least_1(h)), at_least_1(d)), texel);
 }
 
-static CUresult array_create(CUresult (*call)(void *out, const void *desc), CUarray *out, const void *desc,
-                             uint64_t bytes)
-{
-    int dev = vgpu_dev_current();
-    CUresult rc = vgpu_charge(dev, bytes);
-
-    if (rc != CUDA_SUCCESS)
-        return rc;
-    rc = call(out, desc);
-    vgpu_settle(rc, rc == CUDA_SUCCESS ? KEY(*out) : 0, VGPU_K_ARRAY, dev, bytes);
-    return rc;
-}
-
-static CUresult call_array2d(void *out, const void *desc)
-{
-    return REAL(cuArrayCreate_v2)(out, desc);
-}
-
-static CUresult call_array3d(void *out, const void *desc)
-{
-    return REAL(cuArray3DCreate_v2)(out, desc);
-}
-
 VGPU_EXPORT CUresult cuArrayCreate_v2(CUarray *pHandle, const CUDA_ARRAY_DESCRIPTOR *d)
 {
+    __typeof__(&cuArrayCreate_v2) real = REAL(cuArrayCreate_v2);
     uint64_t bytes = d ? array_bytes(d->Width, d->Height, 1, d->NumChannels, d->Format) : 0;
-    return array_create(call_array2d, pHandle, d, bytes);
+
+    return VGPU_CHARGED_CURRENT(bytes, VGPU_K_ARRAY, real(pHandle, d), KEY(*pHandle));
 }
 VGPU_OWN_ALIAS(cuArrayCreate_v2)
 
 VGPU_EXPORT CUresult cuArray3DCreate_v2(CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *d)
 {
+    __typeof__(&cuArray3DCreate_v2) real = REAL(cuArray3DCreate_v2);
     uint64_t bytes = d ? array_bytes(d->Width, d->Height, d->Depth, d->NumChannels, d->Format) : 0;
-    return array_create(call_array3d, pHandle, d, bytes);
+
+    return VGPU_CHARGED_CURRENT(bytes, VGPU_K_ARRAY, real(pHandle, d), KEY(*pHandle));
 }
 VGPU_OWN_ALIAS(cuArray3DCreate_v2)
 
 VGPU_EXPORT CUresult cuArrayDestroy(CUarray hArray)
 {
-    __typeof__(&cuArrayDestroy) real = REAL(cuArrayDestroy);
-    struct vgpu_tracked t = vgpu_untrack(KEY(hArray), VGPU_K_ARRAY);
-    CUresult rc = real(hArray);
-
-    vgpu_untrack_done(rc, KEY(hArray), VGPU_K_ARRAY, t);
-    return rc;
+    return VGPU_UNTRACKED(KEY(hArray), VGPU_K_ARRAY, REAL(cuArrayDestroy)(hArray));
 }
 VGPU_OWN_ALIAS(cuArrayDestroy)
 
@@ -119,30 +85,18 @@ VGPU_EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *pHandle, const CUD
 {
     __typeof__(&cuMipmappedArrayCreate) real = REAL(cuMipmappedArrayCreate);
     uint64_t bytes = 0;
-    int dev = vgpu_dev_current();
     unsigned l;
-    CUresult rc;
 
     for (l = 0; d && l < numLevels && l < 64; l++) {
         uint64_t lv = array_bytes(d->Width >> l, d->Height >> l, d->Depth >> l, d->NumChannels, d->Format);
         bytes = (bytes > UINT64_MAX - lv) ? UINT64_MAX : bytes + lv;
     }
-    rc = vgpu_charge(dev, bytes);
-    if (rc != CUDA_SUCCESS)
-        return rc;
-    rc = real(pHandle, d, numLevels);
-    vgpu_settle(rc, rc == CUDA_SUCCESS ? KEY(*pHandle) : 0, VGPU_K_MIPMAP, dev, bytes);
-    return rc;
+    return VGPU_CHARGED_CURRENT(bytes, VGPU_K_MIPMAP, real(pHandle, d, numLevels), KEY(*pHandle));
 }
 VGPU_OWN_ALIAS(cuMipmappedArrayCreate)
 
 VGPU_EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray hMipmappedArray)
 {
-    __typeof__(&cuMipmappedArrayDestroy) real = REAL(cuMipmappedArrayDestroy);
-    struct vgpu_tracked t = vgpu_untrack(KEY(hMipmappedArray), VGPU_K_MIPMAP);
-    CUresult rc = real(hMipmappedArray);
-
-    vgpu_untrack_done(rc, KEY(hMipmappedArray), VGPU_K_MIPMAP, t);
-    return rc;
+    return VGPU_UNTRACKED(KEY(hMipmappedArray), VGPU_K_MIPMAP, REAL(cuMipmappedArrayDestroy)(hMipmappedArray));
 }
 VGPU_OWN_ALIAS(cuMipmappedArrayDestroy)

@@ -1,6 +1,8 @@
-/* The table of our wrappers (every OWN hook and PTSZ variant), for the entry points that hand
- * functions out indirectly: cuGetProcAddress(_v2) and dlsym. Kept apart from the wrappers so
- * their hidden aliases can be declared here with one generic type. */
+/* The table of our wrappers: every OWN hook and every VARIANT spelling of hooks.def, for the entry
+ * points that hand functions out indirectly (cuGetProcAddress(_v2) and dlsym). Names are taken
+ * with # and ## at the outermost expansion, so cuda.h's `#define cuGetProcAddress
+ * cuGetProcAddress_v2` (and its kin) can never turn one spelling into another. */
+#include <pthread.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,24 +12,24 @@
 #include "driver/real.h"
 #include "interpose/wrapped.h"
 
-/* hidden aliases of every OWN wrapper (VGPU_OWN_ALIAS) and the PTSZ variant wrappers */
-#define HOOK(name, lib, kind) HOOK_##kind(name)
+/* hidden aliases of every OWN wrapper (VGPU_OWN_ALIAS) and the VARIANT wrappers */
+#define HOOK(name, lib, kind) HOOK_##kind(vgpu_own_##name)
 #define VARIANT(name, base) VGPU_HIDDEN void vgpu_own_##name(void);
-#define HOOK_PASS(name)
-#define HOOK_STUB(name)
-#define HOOK_OWN(name) VGPU_HIDDEN void vgpu_own_##name(void);
+#define HOOK_PASS(fn)
+#define HOOK_STUB(fn)
+#define HOOK_OWN(fn) VGPU_HIDDEN void fn(void);
 #include "driver/hooks.def"
 #undef HOOK
 #undef VARIANT
 #undef HOOK_OWN
 
 static const struct wrapped wrapped[] = {
-#define HOOK(name, lib, kind) HOOK_##kind(name, lib)
-#define HOOK_OWN(name, lib) {#name, VGPU_IDX_##name, VGPU_LIB_##lib, vgpu_own_##name},
+#define HOOK(name, lib, kind) HOOK_##kind(#name, VGPU_IDX_##name, VGPU_LIB_##lib, vgpu_own_##name)
+#define HOOK_OWN(name, idx, lib, fn) {name, idx, lib, fn},
 #undef HOOK_PASS
 #undef HOOK_STUB
-#define HOOK_PASS(name, lib)
-#define HOOK_STUB(name, lib)
+#define HOOK_PASS(name, idx, lib, fn)
+#define HOOK_STUB(name, idx, lib, fn)
 #define VARIANT(name, base) {#name, -1 - VGPU_VAR_##name, VGPU_LIB_CUDA, vgpu_own_##name},
 #include "driver/hooks.def"
 #undef HOOK
@@ -42,8 +44,9 @@ static void *real_of(const struct wrapped *w)
 }
 
 /* What the driver's cuGetProcAddress hands out for an entry when that is not the exported
- * address dlsym gives (learnt once at init; NULL in the usual case where both agree). */
+ * address dlsym gives (learnt once, on the first swap; NULL in the usual case where both agree). */
 static void *alias[NWRAPPED];
+static pthread_once_t alias_once = PTHREAD_ONCE_INIT;
 
 /* "cuMemAlloc_v2" -> ("cuMemAlloc", version 2, per-thread 0); "cuLaunchKernel_ptsz" -> (.., 1, 1) */
 static void split_name(const char *name, char *base, size_t n, int *version, int *ptsz)
@@ -70,7 +73,7 @@ static void split_name(const char *name, char *base, size_t n, int *version, int
 }
 
 /* an older ABI of a name we also wrap in a newer version (cuGetProcAddress vs _v2): the driver's
- * answer for the base name belongs to the newer one */
+ * answer for the base name at our headers' version belongs to the newer one */
 static int superseded(size_t i, const char *base, int version, int ptsz)
 {
     char b[128];
@@ -90,15 +93,18 @@ static int superseded(size_t i, const char *base, int version, int ptsz)
 typedef CUresult (*gpa_v2_fn)(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *);
 typedef CUresult (*gpa_v1_fn)(const char *, void **, int, cuuint64_t);
 
-/* Ask the driver, as the CUDA runtime will, for every base name we wrap (at the CUDA version of
- * our headers, default and per-thread flags); remember answers that differ from the exported
- * address. Called at init before the slots are published, with real addresses from `lookup`. */
-VGPU_HIDDEN void vgpu_learn_driver_aliases(void *(*lookup)(const char *name))
+/* Ask the driver, as a CUDA runtime will, for every base name we wrap (at the CUDA version of our
+ * headers, default and per-thread flags); remember answers that differ from the exported address. */
+static void learn_driver_aliases(void)
 {
-    gpa_v2_fn v2 = (gpa_v2_fn)lookup("cuGetProcAddress_v2");
-    gpa_v1_fn v1 = (gpa_v1_fn)lookup("cuGetProcAddress");
+    gpa_v2_fn v2 = (gpa_v2_fn)vgpu_real_fn(VGPU_IDX_cuGetProcAddress_v2);
+    gpa_v1_fn v1 = (gpa_v1_fn)vgpu_real_fn(VGPU_IDX_cuGetProcAddress);
     size_t i;
 
+    if (vgpu_is_not_found_stub((void *)v2))
+        v2 = NULL;
+    if (vgpu_is_not_found_stub((void *)v1))
+        v1 = NULL;
     if (!v2 && !v1)
         return;
     for (i = 0; i < NWRAPPED; i++) {
@@ -116,8 +122,8 @@ VGPU_HIDDEN void vgpu_learn_driver_aliases(void *(*lookup)(const char *name))
             continue;
         flags = ptsz ? CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM : CU_GET_PROC_ADDRESS_DEFAULT;
         rc = v2 ? v2(base, &p, CUDA_VERSION, flags, &st) : v1(base, &p, CUDA_VERSION, flags);
-        exported = lookup(wrapped[i].name);
-        if (rc == CUDA_SUCCESS && p && exported && p != exported)
+        exported = real_of(&wrapped[i]);
+        if (rc == CUDA_SUCCESS && p && !vgpu_is_not_found_stub(exported) && p != exported)
             alias[i] = p;
     }
 }
@@ -129,6 +135,7 @@ VGPU_HIDDEN void *vgpu_swap_for_wrapper(void *p)
 
     if (!p || vgpu_is_not_found_stub(p))
         return p;
+    pthread_once(&alias_once, learn_driver_aliases);
     for (i = 0; i < NWRAPPED; i++)
         if (wrapped[i].lib == VGPU_LIB_CUDA && (real_of(&wrapped[i]) == p || alias[i] == p))
             return (void *)wrapped[i].wrapper;
@@ -147,4 +154,3 @@ VGPU_HIDDEN void *vgpu_wrapper_by_name(const char *name)
             return (void *)wrapped[i].wrapper;
     return NULL;
 }
-

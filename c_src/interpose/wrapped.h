@@ -13,11 +13,8 @@ struct wrapped {
 
 /* our wrapper when p is the real address of a CUDA function we wrap, else p unchanged */
 VGPU_HIDDEN void *vgpu_swap_for_wrapper(void *p);
-/* our wrapper for a wrapped name (OWN hook or PTSZ variant), else NULL */
+/* our wrapper for a wrapped name (OWN hook or VARIANT spelling), else NULL */
 VGPU_HIDDEN void *vgpu_wrapper_by_name(const char *name);
-
-/* learn what the driver's cuGetProcAddress hands out when it differs from the exports (init only) */
-VGPU_HIDDEN void vgpu_learn_driver_aliases(void *(*lookup)(const char *name));
 
 /* VGPU_DEBUG_DLSYM=1 in the environment */
 VGPU_HIDDEN extern int vgpu_debug_dlsym;

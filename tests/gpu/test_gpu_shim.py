@@ -15,11 +15,13 @@ def test_driver_api_4g_limit(gpu: Gpu) -> None:
     r = gpu.probe_run("limit", "4g")
     assert r["init_rc"] == "0"
     assert int(r["info_total"]) == 4 * GiB and int(r["device_total"]) == 4 * GiB
-    assert int(r["info_free"]) <= 4 * GiB
-    assert int(r["allocated_512m"]) == 8, r  # 8 x 512 MiB = 4 GiB, the ninth is refused
+    # the context's own memory (about 518 MiB on an H200) is counted before any allocation
+    ctx = 4 * GiB - int(r["info_free"])
+    assert 64 * MiB < ctx < 2 * GiB, r
+    assert int(r["allocated_512m"]) == int(r["info_free"]) // (512 * MiB), r  # then refused, never past 4 GiB
     assert r["refused_rc"] == "2"  # CUDA_ERROR_OUT_OF_MEMORY
-    assert int(r["full_free"]) == 0
-    assert int(r["freed_free"]) == 4 * GiB
+    assert int(r["full_free"]) < 512 * MiB
+    assert int(r["freed_free"]) == int(r["info_free"])
 
 
 def test_zero_limit_shows_the_full_device(gpu: Gpu) -> None:
@@ -50,7 +52,7 @@ def test_runtime_path_through_get_proc_address(gpu: Gpu) -> None:
     r = gpu.probe_run("gpa", "4g")
     assert r["launch_in_shim"] == "1" and r["async_in_shim"] == "1"
     assert int(r["gpa_total"]) == 4 * GiB
-    assert r["gpa_allocated_1g"] == "4" and r["gpa_refused_rc"] == "2"
+    assert r["gpa_allocated_1g"] == "3" and r["gpa_refused_rc"] == "2"  # the context takes part of the 4th
     assert r["gpa_async_over_rc"] == "2"
 
 

@@ -1,0 +1,287 @@
+/* The physical overhead of this process on each limited device (see overhead.h).
+ *
+ * Truth: NVML's per-process used memory (what the host's nvidia-smi shows for the process). It
+ * names host pids, and inside a container our getpid() is a namespaced one, so the host pid is
+ * learnt once: the pid that appears in the device's process list across our first context
+ * creation (or getpid() itself when it is listed, as on the host). While it is unknown (several
+ * processes started at once), the device-wide used-memory delta around each context creation
+ * stands in.
+ *
+ * overhead(dev) = NVML(our pid, dev) - (what we charge on dev other than the overhead itself),
+ * never negative; the difference to the last value is forced into the budget (the memory is
+ * already taken). Measured at every context creation, before an allocation that comes near the
+ * limit (rate-limited), on every refusal, and once before the first report. Devices without a
+ * limit are never measured: no NVML is loaded for them. */
+#include <pthread.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <nvml.h>
+
+#include "accounting/budget.h"
+#include "accounting/device.h"
+#include "accounting/overhead.h"
+#include "driver/real.h"
+#include "log/log.h"
+
+#define MiB (1024.0 * 1024.0)
+#define NEAR_LIMIT_INTERVAL_NS 20000000ull /* 20 ms between measurements near the limit */
+#define MAX_PROCS 256
+
+struct dev_state {
+    pthread_mutex_t lock;
+    int measured;          /* at least once */
+    uint64_t charged;      /* what we count for the overhead now */
+    uint64_t fallback;     /* sum of used-memory deltas of our context creations */
+    uint64_t last_ns;      /* last measurement */
+    nvmlDevice_t nvml;     /* NULL until looked up */
+};
+
+static struct dev_state devs[VGPU_MAX_DEVICES];
+static unsigned host_pid; /* 0 = unknown */
+static pthread_once_t nvml_once = PTHREAD_ONCE_INIT;
+static int nvml_ok;
+
+typedef nvmlReturn_t (*procs_fn)(nvmlDevice_t, unsigned int *, nvmlProcessInfo_t *);
+static procs_fn list_fn;
+
+__attribute__((constructor)) static void init_locks(void)
+{
+    int i;
+
+    for (i = 0; i < VGPU_MAX_DEVICES; i++)
+        pthread_mutex_init(&devs[i].lock, NULL);
+}
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static void nvml_start(void)
+{
+    void *v3;
+
+    if (vgpu_lib_init(VGPU_LIB_NVML) != 0 || REAL(nvmlInit_v2)() != NVML_SUCCESS) {
+        VGPU_WARN("NVML is not usable in this process: the memory CUDA contexts take is not counted against the "
+                  "limit; make libnvidia-ml.so.1 visible to the container");
+        return;
+    }
+    /* _v3 is newer than the vendor's surface (not a slot of ours); same record layout as _v2 */
+    v3 = vgpu_resolve("nvmlDeviceGetComputeRunningProcesses_v3", VGPU_LIB_NVML, 0);
+    list_fn = v3 ? (procs_fn)v3 : (procs_fn)vgpu_real_fn(VGPU_IDX_nvmlDeviceGetComputeRunningProcesses_v2);
+    nvml_ok = 1;
+}
+
+static nvmlDevice_t nvml_of(int dev)
+{
+    char uuid[96];
+    nvmlDevice_t h = NULL;
+
+    pthread_once(&nvml_once, nvml_start);
+    if (!nvml_ok)
+        return NULL;
+    if (devs[dev].nvml)
+        return devs[dev].nvml;
+    /* by UUID: NVML's index is not the container's CUDA ordinal once devices are reordered */
+    if (vgpu_dev_uuid(dev, uuid, sizeof uuid) != 0 || REAL(nvmlDeviceGetHandleByUUID)(uuid, &h) != NVML_SUCCESS)
+        return NULL;
+    devs[dev].nvml = h;
+    return h;
+}
+
+/* the device's compute processes; count, or -1 when NVML cannot tell */
+static int list_procs(nvmlDevice_t h, nvmlProcessInfo_t *out)
+{
+    unsigned n = MAX_PROCS;
+
+    if (!list_fn || list_fn(h, &n, out) != NVML_SUCCESS)
+        return -1;
+    return (int)(n > MAX_PROCS ? MAX_PROCS : n);
+}
+
+static int device_used(nvmlDevice_t h, unsigned long long *used)
+{
+    nvmlMemory_t m;
+
+    if (REAL(nvmlDeviceGetMemoryInfo)(h, &m) != NVML_SUCCESS)
+        return -1;
+    *used = m.used;
+    return 0;
+}
+
+static int listed(unsigned pid, const unsigned *pids, unsigned n)
+{
+    unsigned i;
+
+    for (i = 0; i < n; i++)
+        if (pids[i] == pid)
+            return 1;
+    return 0;
+}
+
+static void set_charge(int dev, uint64_t overhead)
+{
+    struct dev_state *s = &devs[dev];
+
+    if (overhead > s->charged)
+        vgpu_budget_force(dev, overhead - s->charged);
+    else if (overhead < s->charged)
+        vgpu_budget_release(dev, s->charged - overhead);
+    if (!s->measured || (overhead > s->charged ? overhead - s->charged : s->charged - overhead) >= (64u << 20))
+        VGPU_INFO("device %d: the driver holds %.0f MiB for this process beyond its allocations; counted against "
+                  "the limit",
+                  dev, overhead / MiB);
+    s->charged = overhead;
+    s->measured = 1;
+}
+
+/* lock held */
+static void measure(int dev)
+{
+    nvmlProcessInfo_t procs[MAX_PROCS];
+    nvmlDevice_t h = nvml_of(dev);
+    uint64_t before, after, ours, overhead;
+    int n, i, seen = 0;
+
+    devs[dev].last_ns = now_ns();
+    if (!h)
+        return;
+    before = vgpu_budget_mine(dev) - devs[dev].charged;
+    n = list_procs(h, procs);
+    after = vgpu_budget_mine(dev) - devs[dev].charged;
+    if (n < 0)
+        return;
+    if (!host_pid)
+        for (i = 0; i < n; i++)
+            if (procs[i].pid == (unsigned)getpid())
+                __atomic_store_n(&host_pid, (unsigned)getpid(), __ATOMIC_RELAXED);
+    if (!host_pid) {
+        set_charge(dev, devs[dev].fallback);
+        return;
+    }
+    for (i = 0; i < n; i++) {
+        if (procs[i].pid != host_pid)
+            continue;
+        if (procs[i].usedGpuMemory == (unsigned long long)NVML_VALUE_NOT_AVAILABLE) {
+            set_charge(dev, devs[dev].fallback); /* MIG or a vGPU host hides per-process figures */
+            return;
+        }
+        seen = 1;
+        ours = procs[i].usedGpuMemory;
+        /* an allocation in flight is charged before it shows in NVML: take the smaller charge */
+        overhead = before < after ? before : after;
+        overhead = ours > overhead ? ours - overhead : 0;
+        set_charge(dev, overhead);
+    }
+    if (!seen)
+        set_charge(dev, 0); /* no context of ours on this device (any more) */
+}
+
+VGPU_HIDDEN void vgpu_overhead_refresh(int dev, int force)
+{
+    struct dev_state *s;
+
+    if (dev < 0 || dev >= VGPU_MAX_DEVICES || !vgpu_budget_limit(dev))
+        return;
+    s = &devs[dev];
+    if (!force && now_ns() - __atomic_load_n(&s->last_ns, __ATOMIC_RELAXED) < NEAR_LIMIT_INTERVAL_NS)
+        return;
+    if (force)
+        pthread_mutex_lock(&s->lock);
+    else if (pthread_mutex_trylock(&s->lock) != 0)
+        return; /* another thread is measuring right now */
+    measure(dev);
+    pthread_mutex_unlock(&s->lock);
+}
+
+VGPU_HIDDEN void vgpu_overhead_ensure(int dev)
+{
+    if (dev >= 0 && dev < VGPU_MAX_DEVICES && !__atomic_load_n(&devs[dev].measured, __ATOMIC_RELAXED))
+        vgpu_overhead_refresh(dev, 1);
+}
+
+VGPU_HIDDEN void vgpu_overhead_before_ctx(int dev, struct vgpu_ctx_probe *p)
+{
+    nvmlProcessInfo_t procs[MAX_PROCS];
+    nvmlDevice_t h;
+    int n, i;
+
+    p->dev = dev;
+    p->armed = 0;
+    p->npids = 0;
+    if (dev < 0 || dev >= VGPU_MAX_DEVICES || !vgpu_budget_limit(dev) || !(h = nvml_of(dev)))
+        return;
+    if (device_used(h, &p->used_before) != 0)
+        return;
+    if (!__atomic_load_n(&host_pid, __ATOMIC_RELAXED) && (n = list_procs(h, procs)) >= 0)
+        for (i = 0; i < n && p->npids < sizeof p->pids / sizeof p->pids[0]; i++)
+            p->pids[p->npids++] = procs[i].pid;
+    p->armed = 1;
+}
+
+/* the one pid that appeared across our context creation is ours */
+static void learn_host_pid(nvmlDevice_t h, const struct vgpu_ctx_probe *p)
+{
+    nvmlProcessInfo_t procs[MAX_PROCS];
+    unsigned found = 0, fresh = 0;
+    int n = list_procs(h, procs), i;
+
+    for (i = 0; i < n; i++) {
+        if (procs[i].pid == (unsigned)getpid()) {
+            found = procs[i].pid;
+            fresh = 1;
+            break;
+        }
+        if (!listed(procs[i].pid, p->pids, p->npids)) {
+            found = procs[i].pid;
+            fresh++;
+        }
+    }
+    if (fresh == 1) {
+        __atomic_store_n(&host_pid, found, __ATOMIC_RELAXED);
+        VGPU_INFO("NVML knows this process as host pid %u", found);
+    }
+}
+
+VGPU_HIDDEN void vgpu_overhead_after_ctx(CUresult rc, struct vgpu_ctx_probe *p)
+{
+    struct dev_state *s;
+    unsigned long long used_after;
+    nvmlDevice_t h;
+
+    if (!p->armed || rc != CUDA_SUCCESS)
+        return;
+    s = &devs[p->dev];
+    h = nvml_of(p->dev);
+    pthread_mutex_lock(&s->lock);
+    if (h && device_used(h, &used_after) == 0 && used_after > p->used_before)
+        s->fallback += used_after - p->used_before;
+    if (h && !__atomic_load_n(&host_pid, __ATOMIC_RELAXED))
+        learn_host_pid(h, p);
+    measure(p->dev);
+    pthread_mutex_unlock(&s->lock);
+}
+
+VGPU_HIDDEN unsigned vgpu_overhead_host_pid(void)
+{
+    return __atomic_load_n(&host_pid, __ATOMIC_RELAXED);
+}
+
+VGPU_HIDDEN void vgpu_overhead_atfork_child(void)
+{
+    int i;
+
+    host_pid = 0;
+    for (i = 0; i < VGPU_MAX_DEVICES; i++) {
+        pthread_mutex_init(&devs[i].lock, NULL);
+        devs[i].measured = 0;
+        devs[i].charged = 0;
+        devs[i].fallback = 0;
+        devs[i].last_ns = 0;
+    }
+}

@@ -1,0 +1,33 @@
+/* Device memory the driver holds for this process beyond the allocations we charge: CUDA contexts
+ * (about 518 MiB each on an H200 with driver 580), their modules, local memory, allocation
+ * rounding. Measured, not guessed: this process's own usage as NVML reports it (the host's truth)
+ * minus what we already charge, and counted against the limit like any allocation. */
+#ifndef VGPU_OVERHEAD_H
+#define VGPU_OVERHEAD_H
+
+#include <cuda.h>
+
+#include "vgpu.h"
+
+/* what a context creation looked like before the real call (NVML snapshot) */
+struct vgpu_ctx_probe {
+    int dev;
+    int armed;
+    unsigned long long used_before; /* device-wide used bytes, NVML */
+    unsigned npids;
+    unsigned pids[64];              /* processes on the device before (host pids), while ours is unknown */
+};
+
+/* around every context creation on dev (primary retain of an inactive context, cuCtxCreate*,
+ * green contexts): snapshot before, measure and charge after */
+VGPU_HIDDEN void vgpu_overhead_before_ctx(int dev, struct vgpu_ctx_probe *p);
+VGPU_HIDDEN void vgpu_overhead_after_ctx(CUresult rc, struct vgpu_ctx_probe *p);
+/* measure again (rate-limited unless force) and settle the charge; no-op without a limit on dev */
+VGPU_HIDDEN void vgpu_overhead_refresh(int dev, int force);
+/* measure once if this device was never measured (a context made before we could see it) */
+VGPU_HIDDEN void vgpu_overhead_ensure(int dev);
+/* this process's host pid as NVML reports it, 0 while unknown */
+VGPU_HIDDEN unsigned vgpu_overhead_host_pid(void);
+VGPU_HIDDEN void vgpu_overhead_atfork_child(void);
+
+#endif

@@ -1,0 +1,70 @@
+/* Context creation: each context costs real device memory outside any allocation (about 518 MiB
+ * on an H200 with driver 580). Every way of making one is bracketed by the overhead probe
+ * (accounting/overhead.h), which measures what the driver took and charges it to the limit. */
+#include <cuda.h>
+
+#include "accounting/device.h"
+#include "accounting/overhead.h"
+#include "driver/real.h"
+
+#define CREATED(dev, call) \
+    __extension__({ \
+        struct vgpu_ctx_probe p_; \
+        CUresult rc_; \
+        vgpu_overhead_before_ctx(vgpu_dev_check(dev), &p_); \
+        rc_ = (call); \
+        vgpu_overhead_after_ctx(rc_, &p_); \
+        rc_; \
+    })
+
+#define VAR(name, type) ((type)vgpu_var_fn(VGPU_VAR_##name))
+
+/* only the first retain of an inactive primary context creates it; later ones are a refcount */
+VGPU_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
+{
+    __typeof__(&cuDevicePrimaryCtxRetain) real = REAL(cuDevicePrimaryCtxRetain);
+    unsigned int flags;
+    int active = 0;
+
+    if (REAL(cuDevicePrimaryCtxGetState)(dev, &flags, &active) == CUDA_SUCCESS && active)
+        return real(pctx, dev);
+    return CREATED(dev, real(pctx, dev));
+}
+VGPU_OWN_ALIAS(cuDevicePrimaryCtxRetain)
+
+VGPU_EXPORT CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *params, unsigned int flags, CUdevice dev)
+{
+    __typeof__(&cuCtxCreate_v4) real = REAL(cuCtxCreate_v4);
+
+    return CREATED(dev, real(pctx, params, flags, dev));
+}
+VGPU_OWN_ALIAS(cuCtxCreate_v4)
+
+/* cuCtxCreate (the first ABI) and _v2 share a signature */
+typedef CUresult (*ctx_create_v2_fn)(CUcontext *, unsigned int, CUdevice);
+
+VGPU_HIDDEN CUresult vgpu_own_cuCtxCreate(CUcontext *pctx, unsigned int flags, CUdevice dev)
+{
+    return CREATED(dev, VAR(cuCtxCreate, ctx_create_v2_fn)(pctx, flags, dev));
+}
+
+VGPU_HIDDEN CUresult vgpu_own_cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev)
+{
+    return CREATED(dev, VAR(cuCtxCreate_v2, ctx_create_v2_fn)(pctx, flags, dev));
+}
+
+VGPU_HIDDEN CUresult vgpu_own_cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *params, int n, unsigned int flags,
+                                             CUdevice dev)
+{
+    typedef CUresult (*fn)(CUcontext *, CUexecAffinityParam *, int, unsigned int, CUdevice);
+
+    return CREATED(dev, VAR(cuCtxCreate_v3, fn)(pctx, params, n, flags, dev));
+}
+
+VGPU_HIDDEN CUresult vgpu_own_cuGreenCtxCreate(CUgreenCtx *out, CUdevResourceDesc desc, CUdevice dev,
+                                               unsigned int flags)
+{
+    typedef CUresult (*fn)(CUgreenCtx *, CUdevResourceDesc, CUdevice, unsigned int);
+
+    return CREATED(dev, VAR(cuGreenCtxCreate, fn)(out, desc, dev, flags));
+}

@@ -1,0 +1,136 @@
+"""The limit holds the memory the device really gives the process: context memory is charged
+(measured from NVML's per-process figure, the host's truth, also when NVML names host pids
+unlike ours), a stream-ordered pool is charged by what it keeps reserved, and each refusal leaves
+one log line. The fake driver takes FAKE_CUDA_CTX_MB per context and models pool reserves."""
+from __future__ import annotations
+
+import pytest
+
+from .harness import Env
+
+MiB = 1 << 20
+
+PROGRAM = r"""
+#include <cuda.h>
+#include <nvml.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+unsigned long long fake_used(int dev);
+
+#define CHECK(x) do { CUresult r_ = (x); if (r_) { printf("FAIL %s = %d\n", #x, r_); return 1; } } while (0)
+#define MB(x) ((size_t)(x) << 20)
+
+static size_t free_mb(void)
+{
+    size_t f = 0, t = 0;
+    cuMemGetInfo(&f, &t);
+    return f >> 20;
+}
+
+int main(int argc, char **argv)
+{
+    const char *what = argc > 1 ? argv[1] : "";
+    CUdevice d;
+    CUcontext c, c2;
+    CUdeviceptr p, q;
+    CUstream s = 0;
+    CUmemoryPool pool;
+
+    CHECK(cuInit(0));
+    CHECK(cuDeviceGet(&d, 0));
+    if (strcmp(what, "context") == 0) {
+        CHECK(cuDevicePrimaryCtxRetain(&c, d));
+        CHECK(cuCtxSetCurrent(c));
+        printf("free_after_ctx %zu\n", free_mb());
+        printf("alloc_200 %d\n", cuMemAlloc(&p, MB(200)));
+        printf("alloc_150 %d\n", cuMemAlloc(&q, MB(150)));
+        printf("real %llu\n", fake_used(0) >> 20);
+        CHECK(cuCtxCreate(&c2, NULL, 0, d));       /* a second context: another 100 MiB taken */
+        printf("free_two_ctx %zu\n", free_mb());
+        printf("real2 %llu\n", fake_used(0) >> 20);
+        CHECK(cuMemFree(q));
+        CHECK(cuCtxDestroy(c2));
+        CHECK(cuCtxSetCurrent(c));
+        printf("alloc_after_destroy %d\n", cuMemAlloc(&q, MB(150)));  /* the refusal re-measures */
+        printf("real3 %llu\n", fake_used(0) >> 20);
+        return 0;
+    }
+    CHECK(cuDevicePrimaryCtxRetain(&c, d));
+    CHECK(cuCtxSetCurrent(c));
+    if (strcmp(what, "pool") == 0) {
+        cuuint64_t keep = ~0ull, zero = 0;
+        CHECK(cuDeviceGetMemPool(&pool, d));
+        CHECK(cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep));
+        CHECK(cuMemAllocAsync(&p, MB(150), s));
+        CHECK(cuMemFreeAsync(p, s));                 /* the pool keeps the 150 MiB */
+        CHECK(cuStreamSynchronize(s));
+        printf("sync_alloc_while_kept %d\n", cuMemAlloc(&q, MB(150)));
+        printf("async_again %d\n", cuMemAllocAsync(&p, MB(150), s));   /* from the reserve */
+        printf("real_kept %llu\n", fake_used(0) >> 20);
+        CHECK(cuMemFreeAsync(p, s));
+        CHECK(cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &zero));
+        CHECK(cuStreamSynchronize(s));               /* now the driver trims the pool */
+        printf("sync_alloc_after_trim %d\n", cuMemAlloc(&q, MB(150)));
+        printf("real_trimmed %llu\n", fake_used(0) >> 20);
+        return 0;
+    }
+    if (strcmp(what, "refuse") == 0) {
+        for (int i = 0; i < 10; i++)
+            if (cuMemAlloc(&p, MB(300)) != CUDA_ERROR_OUT_OF_MEMORY)
+                return 5;
+        printf("refused 10\n");
+        return 0;
+    }
+    return 2;
+}
+"""
+
+
+def run(env: Env, what: str, extra: dict[str, str]) -> dict[str, str]:
+    exe = env.compile_c("physical", PROGRAM, f"-L{env.fake_dir}", "-l:libcuda.so.1")
+    child = env.run_c(exe, {"CUDA_DEVICE_MEMORY_LIMIT": "256m", **extra}, args=[what])
+    assert child.rc == 0, (child.rc, child.stdout, child.stderr)
+    return dict(line.split(None, 1) for line in child.stdout.splitlines())
+
+
+@pytest.mark.parametrize("namespace", [False, True], ids=["host-pid", "container-pid"])
+def test_context_memory_is_charged(env: Env, namespace: bool) -> None:
+    extra = {"FAKE_CUDA_CTX_MB": "100"}
+    if namespace:  # NVML names host pids: ours is learnt across the first context creation
+        extra |= {"FAKE_NVML_PID_OFFSET": "100000", "FAKE_NVML_OTHERS": "4242:300,4343:10"}
+    r = run(env, "context", extra)
+    assert r["free_after_ctx"] == "156"        # 256 - the context's 100
+    assert r["alloc_200"] == "2"               # would be 300 MiB real under 256
+    assert r["alloc_150"] == "0"
+    assert int(r["real"]) <= 256               # the truth: what the device gave the process
+    assert r["free_two_ctx"] == "0"            # 100 + 150 + 100 > 256: over, and shown as nothing left
+    assert r["alloc_after_destroy"] == "0"     # the destroyed context's 100 MiB came back
+    assert int(r["real3"]) <= 256
+
+
+def test_context_free_until_measured_without_a_limit(env: Env) -> None:
+    exe = env.compile_c("physical", PROGRAM, f"-L{env.fake_dir}", "-l:libcuda.so.1")
+    child = env.run_c(exe, {"FAKE_CUDA_CTX_MB": "100"}, args=["context"])
+    assert child.rc == 0, child.stderr
+    r = dict(line.split(None, 1) for line in child.stdout.splitlines())
+    assert r["free_after_ctx"] == str(1024 - 100)  # no limit: the real device, as the driver says
+
+
+def test_pool_reserve_stays_charged_until_trimmed(env: Env) -> None:
+    r = run(env, "pool", {})
+    assert r["sync_alloc_while_kept"] == "2"   # 150 kept by the pool + 150 > 256
+    assert r["async_again"] == "0"             # served from the pool's own reserve
+    assert int(r["real_kept"]) <= 256
+    assert r["sync_alloc_after_trim"] == "0"   # trimmed at the synchronize: the charge follows
+    assert int(r["real_trimmed"]) <= 256
+
+
+def test_each_refusal_is_logged_once_a_second(env: Env) -> None:
+    exe = env.compile_c("physical", PROGRAM, f"-L{env.fake_dir}", "-l:libcuda.so.1")
+    child = env.run_c(exe, {"CUDA_DEVICE_MEMORY_LIMIT": "256m"}, args=["refuse"])
+    assert child.rc == 0 and "refused 10" in child.stdout, child.stderr
+    lines = [x for x in child.stderr.splitlines() if "refused an allocation" in x]
+    assert len(lines) == 1, child.stderr
+    assert "device 0" in lines[0] and "300.0 MiB" in lines[0] and "256.0 MiB limit" in lines[0]
