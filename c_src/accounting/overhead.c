@@ -140,8 +140,8 @@ static void set_charge(int dev, uint64_t overhead)
     s->measured = 1;
 }
 
-/* lock held */
-static void measure(int dev)
+/* lock held; 1 when the figure is this process's own (NVML per process), 0 for the fallback */
+static int measure(int dev)
 {
     nvmlProcessInfo_t procs[MAX_PROCS];
     nvmlDevice_t h = nvml_of(dev);
@@ -150,36 +150,39 @@ static void measure(int dev)
 
     devs[dev].last_ns = now_ns();
     if (!h)
-        return;
+        return 0;
     before = vgpu_budget_mine(dev) - devs[dev].charged;
     n = list_procs(h, procs);
     after = vgpu_budget_mine(dev) - devs[dev].charged;
     if (n < 0)
-        return;
+        return 0;
     if (!host_pid)
         for (i = 0; i < n; i++)
             if (procs[i].pid == (unsigned)getpid())
                 __atomic_store_n(&host_pid, (unsigned)getpid(), __ATOMIC_RELAXED);
     if (!host_pid) {
         set_charge(dev, devs[dev].fallback);
-        return;
+        return 0;
     }
     for (i = 0; i < n; i++) {
         if (procs[i].pid != host_pid)
             continue;
         if (procs[i].usedGpuMemory == (unsigned long long)NVML_VALUE_NOT_AVAILABLE) {
             set_charge(dev, devs[dev].fallback); /* MIG or a vGPU host hides per-process figures */
-            return;
+            return 0;
         }
         seen = 1;
         ours = procs[i].usedGpuMemory;
-        /* an allocation in flight is charged before it shows in NVML: take the smaller charge */
-        overhead = before < after ? before : after;
+        /* An allocation or free racing with the reading shows in NVML between our two samples of
+         * the charges: against the larger sample it reads as no overhead, never as a phantom one
+         * that would stay charged */
+        overhead = before > after ? before : after;
         overhead = ours > overhead ? ours - overhead : 0;
         set_charge(dev, overhead);
     }
     if (!seen)
         set_charge(dev, 0); /* no context of ours on this device (any more) */
+    return 1;
 }
 
 VGPU_HIDDEN void vgpu_overhead_refresh(int dev, int force)
@@ -248,14 +251,16 @@ static void learn_host_pid(nvmlDevice_t h, const struct vgpu_ctx_probe *p)
     }
 }
 
-VGPU_HIDDEN void vgpu_overhead_after_ctx(CUresult rc, struct vgpu_ctx_probe *p)
+VGPU_HIDDEN CUresult vgpu_overhead_after_ctx(CUresult rc, struct vgpu_ctx_probe *p)
 {
     struct dev_state *s;
-    unsigned long long used_after;
+    unsigned long long used_after = 0;
+    uint64_t limit;
     nvmlDevice_t h;
+    int own;
 
     if (!p->armed || rc != CUDA_SUCCESS)
-        return;
+        return rc;
     s = &devs[p->dev];
     h = nvml_of(p->dev);
     pthread_mutex_lock(&s->lock);
@@ -263,8 +268,24 @@ VGPU_HIDDEN void vgpu_overhead_after_ctx(CUresult rc, struct vgpu_ctx_probe *p)
         s->fallback += used_after - p->used_before;
     if (h && !__atomic_load_n(&host_pid, __ATOMIC_RELAXED))
         learn_host_pid(h, p);
-    measure(p->dev);
+    own = measure(p->dev);
     pthread_mutex_unlock(&s->lock);
+    /* a context the container has no room for is refused, as a full GPU refuses it; only on our
+     * own figure: a device-wide delta may hold other containers' allocations */
+    limit = vgpu_budget_limit(p->dev);
+    if (own && limit && vgpu_budget_used(p->dev) > limit) {
+        VGPU_WARN("device %d: a new CUDA context takes %.0f MiB the container does not have (%.0f of %.0f MiB "
+                  "used): refused",
+                  p->dev, (double)(used_after > p->used_before ? used_after - p->used_before : 0) / MiB,
+                  vgpu_budget_used(p->dev) / MiB, limit / MiB);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    return rc;
+}
+
+VGPU_HIDDEN void vgpu_overhead_undo_ctx(struct vgpu_ctx_probe *p)
+{
+    vgpu_overhead_refresh(p->dev, 1);
 }
 
 VGPU_HIDDEN unsigned vgpu_overhead_host_pid(void)

@@ -19,9 +19,12 @@ struct vgpu_ctx_probe {
 };
 
 /* around every context creation on dev (primary retain of an inactive context, cuCtxCreate*,
- * green contexts): snapshot before, measure and charge after */
+ * green contexts): snapshot before, measure and charge after. after_ctx returns rc, or
+ * CUDA_ERROR_OUT_OF_MEMORY when the new context took the container past its limit (measured per
+ * process): the caller then destroys the context and calls vgpu_overhead_undo_ctx. */
 VGPU_HIDDEN void vgpu_overhead_before_ctx(int dev, struct vgpu_ctx_probe *p);
-VGPU_HIDDEN void vgpu_overhead_after_ctx(CUresult rc, struct vgpu_ctx_probe *p);
+VGPU_HIDDEN CUresult vgpu_overhead_after_ctx(CUresult rc, struct vgpu_ctx_probe *p);
+VGPU_HIDDEN void vgpu_overhead_undo_ctx(struct vgpu_ctx_probe *p);
 /* measure again (rate-limited unless force) and settle the charge; no-op without a limit on dev */
 VGPU_HIDDEN void vgpu_overhead_refresh(int dev, int force);
 /* measure once if this device was never measured (a context made before we could see it) */

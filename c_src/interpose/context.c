@@ -7,15 +7,43 @@
 #include "accounting/overhead.h"
 #include "driver/real.h"
 
-#define CREATED(dev, call) \
+/* create, measure; a context over the container's limit is destroyed again (undo) and refused */
+#define CREATED(dev, call, undo) \
     __extension__({ \
         struct vgpu_ctx_probe p_; \
         CUresult rc_; \
         vgpu_overhead_before_ctx(vgpu_dev_check(dev), &p_); \
         rc_ = (call); \
-        vgpu_overhead_after_ctx(rc_, &p_); \
+        if (vgpu_overhead_after_ctx(rc_, &p_) != rc_) { \
+            (void)(undo); \
+            vgpu_overhead_undo_ctx(&p_); \
+            rc_ = CUDA_ERROR_OUT_OF_MEMORY; \
+        } \
         rc_; \
     })
+
+static CUresult destroy(CUcontext *pctx)
+{
+    CUresult rc = REAL(cuCtxDestroy_v2)(*pctx);
+
+    *pctx = NULL;
+    return rc;
+}
+
+static CUresult destroy_green(CUgreenCtx *out)
+{
+    static void *fn; /* newer than the vendor's surface: not a slot of ours */
+    void *f = __atomic_load_n(&fn, __ATOMIC_RELAXED);
+
+    if (!f) {
+        f = vgpu_resolve("cuGreenCtxDestroy", VGPU_LIB_CUDA, 0);
+        __atomic_store_n(&fn, f, __ATOMIC_RELAXED);
+    }
+    if (f)
+        ((CUresult(*)(CUgreenCtx))f)(*out);
+    *out = NULL;
+    return CUDA_SUCCESS;
+}
 
 #define VAR(name, type) ((type)vgpu_var_fn(VGPU_VAR_##name))
 
@@ -28,7 +56,7 @@ VGPU_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
 
     if (REAL(cuDevicePrimaryCtxGetState)(dev, &flags, &active) == CUDA_SUCCESS && active)
         return real(pctx, dev);
-    return CREATED(dev, real(pctx, dev));
+    return CREATED(dev, real(pctx, dev), REAL(cuDevicePrimaryCtxRelease_v2)(dev));
 }
 VGPU_OWN_ALIAS(cuDevicePrimaryCtxRetain)
 
@@ -36,7 +64,7 @@ VGPU_EXPORT CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *params, 
 {
     __typeof__(&cuCtxCreate_v4) real = REAL(cuCtxCreate_v4);
 
-    return CREATED(dev, real(pctx, params, flags, dev));
+    return CREATED(dev, real(pctx, params, flags, dev), destroy(pctx));
 }
 VGPU_OWN_ALIAS(cuCtxCreate_v4)
 
@@ -45,12 +73,12 @@ typedef CUresult (*ctx_create_v2_fn)(CUcontext *, unsigned int, CUdevice);
 
 VGPU_HIDDEN CUresult vgpu_own_cuCtxCreate(CUcontext *pctx, unsigned int flags, CUdevice dev)
 {
-    return CREATED(dev, VAR(cuCtxCreate, ctx_create_v2_fn)(pctx, flags, dev));
+    return CREATED(dev, VAR(cuCtxCreate, ctx_create_v2_fn)(pctx, flags, dev), destroy(pctx));
 }
 
 VGPU_HIDDEN CUresult vgpu_own_cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev)
 {
-    return CREATED(dev, VAR(cuCtxCreate_v2, ctx_create_v2_fn)(pctx, flags, dev));
+    return CREATED(dev, VAR(cuCtxCreate_v2, ctx_create_v2_fn)(pctx, flags, dev), destroy(pctx));
 }
 
 VGPU_HIDDEN CUresult vgpu_own_cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *params, int n, unsigned int flags,
@@ -58,7 +86,7 @@ VGPU_HIDDEN CUresult vgpu_own_cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityPara
 {
     typedef CUresult (*fn)(CUcontext *, CUexecAffinityParam *, int, unsigned int, CUdevice);
 
-    return CREATED(dev, VAR(cuCtxCreate_v3, fn)(pctx, params, n, flags, dev));
+    return CREATED(dev, VAR(cuCtxCreate_v3, fn)(pctx, params, n, flags, dev), destroy(pctx));
 }
 
 VGPU_HIDDEN CUresult vgpu_own_cuGreenCtxCreate(CUgreenCtx *out, CUdevResourceDesc desc, CUdevice dev,
@@ -66,5 +94,5 @@ VGPU_HIDDEN CUresult vgpu_own_cuGreenCtxCreate(CUgreenCtx *out, CUdevResourceDes
 {
     typedef CUresult (*fn)(CUgreenCtx *, CUdevResourceDesc, CUdevice, unsigned int);
 
-    return CREATED(dev, VAR(cuGreenCtxCreate, fn)(out, desc, dev, flags));
+    return CREATED(dev, VAR(cuGreenCtxCreate, fn)(out, desc, dev, flags), destroy_green(out));
 }

@@ -1,15 +1,69 @@
-/* A fake libcuda.so.1 for the shim's tests: N devices of M MiB (FAKE_CUDA_DEVICES,
- * FAKE_CUDA_MEM_MB), contexts current per thread, streams, pools, VMM handles, arrays, and a
- * call counter per entry point (fake_calls("cuMemAlloc_v2")). FAKE_CUDA_LEGACY=1 makes the
- * CUDA 12.8+/13 queries (cuStreamGetDevice, cuCtxGetDevice_v2, pool location attributes) fail,
- * like an older driver. Build with -Wl,-Bsymbolic so addresses handed out are the fake's own. */
+/* A fake libcuda.so.1 for the shim's tests: N devices of M MiB, contexts current per thread,
+ * streams, pools with a reserve, VMM handles, arrays, the legacy 32-bit ABI, and a call counter
+ * per entry point (fake_calls("cuMemAlloc_v2")). Build with -Wl,-Bsymbolic so addresses handed
+ * out are the fake's own.
+ *
+ * Env knobs:
+ *   FAKE_CUDA_DEVICES=N       devices (default 2, at most 16)
+ *   FAKE_CUDA_MEM_MB=M        memory per device (default 1024)
+ *   FAKE_CUDA_ORDER=1,0       CUDA ordinal i is physical device order[i] (like CUDA_VISIBLE_DEVICES);
+ *                             the device count becomes the list length; unset: identity
+ *   FAKE_CUDA_CTX_MB=M        memory a context takes (the retained primary context once per
+ *                             device, every created/green context; default 0)
+ *   FAKE_CUDA_LEGACY=1        the CUDA 12.8+/13 queries (cuStreamGetDevice, cuCtxGetDevice_v2, pool
+ *                             location attributes) fail, like an older driver
+ *   FAKE_CUDA_PROC_ALIASES=1  cuGetProcAddress hands out internal addresses for some entries
+ * Test hooks: fake_calls, fake_reset_calls, fake_used, fake_used_physical, fake_ctx_bytes,
+ * fake_has_ctx, fake_last_args. */
+#include <limits.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include <cuda.h>
+/* cuda.h maps these names onto their newest versions; the fake exports the legacy ABIs under the
+ * plain names, as the real driver does */
 #undef cuGetProcAddress
+#undef cuMemAlloc
+#undef cuMemFree
+#undef cuMemAllocPitch
+#undef cuMemGetInfo
+#undef cuDeviceTotalMem
+#undef cuArrayCreate
+#undef cuArray3DCreate
+#undef cuCtxCreate
+#undef cuCtxDestroy
+#undef cuDeviceGetUuid
+
+/* the legacy 32-bit ABI: cuda.h only declares it for the driver's own build */
+typedef unsigned int CUdeviceptr_v1;
+typedef struct CUDA_ARRAY_DESCRIPTOR_v1_st {
+    unsigned int Width;
+    unsigned int Height;
+    CUarray_format Format;
+    unsigned int NumChannels;
+} CUDA_ARRAY_DESCRIPTOR_v1;
+typedef struct CUDA_ARRAY3D_DESCRIPTOR_v1_st {
+    unsigned int Width;
+    unsigned int Height;
+    unsigned int Depth;
+    CUarray_format Format;
+    unsigned int NumChannels;
+    unsigned int Flags;
+} CUDA_ARRAY3D_DESCRIPTOR_v1;
+CUresult cuMemAlloc(CUdeviceptr_v1 *dptr, unsigned int bytesize);
+CUresult cuMemFree(CUdeviceptr_v1 dptr);
+CUresult cuMemAllocPitch(CUdeviceptr_v1 *dptr, unsigned int *pitch, unsigned int w, unsigned int h, unsigned int esz);
+CUresult cuMemGetInfo(unsigned int *free_b, unsigned int *total_b);
+CUresult cuDeviceTotalMem(unsigned int *bytes, CUdevice dev);
+CUresult cuArrayCreate(CUarray *a, const CUDA_ARRAY_DESCRIPTOR_v1 *d);
+CUresult cuArray3DCreate(CUarray *a, const CUDA_ARRAY3D_DESCRIPTOR_v1 *d);
+CUresult cuCtxCreate(CUcontext *pctx, unsigned int flags, CUdevice dev);
+CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev);
+CUresult cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *params, int n, unsigned int flags, CUdevice dev);
+CUresult cuCtxDestroy(CUcontext ctx);
+CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice dev);
 
 #define EXPORT __attribute__((visibility("default")))
 #define MAXDEV 16
@@ -17,6 +71,7 @@
 #define MAGIC_CTX 0x63747821u
 #define MAGIC_STREAM 0x73747221u
 #define MAGIC_POOL 0x706f6f6cu
+#define MAGIC_DEAD 0x64656164u
 
 /* ---- call counters ---- */
 #define COUNTED(X) \
@@ -31,7 +86,13 @@
     X(cuMipmappedArrayDestroy) X(cuMemGetInfo_v2) X(cuDeviceTotalMem_v2) X(cuLaunchKernel) \
     X(cuLaunchKernel_ptsz) X(cuLaunchKernelEx) X(cuLaunchKernelEx_ptsz) X(cuLaunchCooperativeKernel) \
     X(cuLaunchCooperativeKernel_ptsz) X(cuGraphLaunch) X(cuGraphLaunch_ptsz) X(cuGetProcAddress) \
-    X(cuGetProcAddress_v2) X(cuMemcpyHtoD_v2)
+    X(cuGetProcAddress_v2) X(cuMemcpyHtoD_v2) \
+    X(cuMemAlloc) X(cuMemFree) X(cuMemAllocPitch) X(cuMemGetInfo) X(cuDeviceTotalMem) X(cuArrayCreate) \
+    X(cuArray3DCreate) X(cuCtxCreate) X(cuCtxCreate_v2) X(cuCtxCreate_v3) X(cuCtxCreate_v4) X(cuCtxDestroy) \
+    X(cuCtxDestroy_v2) X(cuGreenCtxCreate) X(cuGreenCtxDestroy) X(cuCtxFromGreenCtx) \
+    X(cuDevicePrimaryCtxReset_v2) X(cuDeviceGetUuid) X(cuDeviceGetUuid_v2) X(cuDeviceSetMemPool) \
+    X(cuMemPoolSetAttribute) X(cuMemPoolTrimTo) X(cuStreamSynchronize) X(cuCtxSynchronize) \
+    X(cuEventSynchronize)
 
 enum {
 #define X(n) C_##n,
@@ -62,21 +123,63 @@ EXPORT void fake_reset_calls(void)
 
 /* ---- devices ---- */
 static int ndev = 2;
+static int phys[MAXDEV]; /* CUDA ordinal -> physical index (FAKE_CUDA_ORDER) */
 static uint64_t dev_total = 1024ull << 20;
-static uint64_t dev_used[MAXDEV];
+static uint64_t dev_used[MAXDEV]; /* per CUDA ordinal: allocations + contexts + pool reserves */
+static uint64_t ctx_size;         /* FAKE_CUDA_CTX_MB */
 static int legacy;
 static int initialized;
+
+/* one lock for the bookkeeping that is more than a counter: context refcounts, pools, the v1 table.
+ * Held across fork (pthread_atfork), so a child forked while another thread holds it is not left
+ * with a lock nobody will release. */
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+
+static void mu_lock(void)
+{
+    pthread_mutex_lock(&mu);
+}
+
+static void mu_unlock(void)
+{
+    pthread_mutex_unlock(&mu);
+}
+
+static void default_pools_init(void);
 
 __attribute__((constructor)) static void fake_config(void)
 {
     const char *s = getenv("FAKE_CUDA_DEVICES");
     if (s)
         ndev = atoi(s) < 0 ? 0 : atoi(s) > MAXDEV ? MAXDEV : atoi(s);
+    for (int i = 0; i < MAXDEV; i++)
+        phys[i] = i;
+    s = getenv("FAKE_CUDA_ORDER");
+    if (s) { /* like CUDA_VISIBLE_DEVICES: set but empty means no device; bad entries are skipped */
+        int n = 0;
+        char *end;
+        while (*s && n < MAXDEV) {
+            long v = strtol(s, &end, 10);
+            if (end != s && v >= 0 && v < MAXDEV)
+                phys[n++] = (int)v;
+            s = end;
+            while (*s && *s != ',')
+                s++;
+            if (*s == ',')
+                s++;
+        }
+        ndev = n;
+    }
     s = getenv("FAKE_CUDA_MEM_MB");
     if (s)
         dev_total = strtoull(s, NULL, 10) << 20;
+    s = getenv("FAKE_CUDA_CTX_MB");
+    if (s)
+        ctx_size = strtoull(s, NULL, 10) << 20;
     s = getenv("FAKE_CUDA_LEGACY");
     legacy = s && s[0] == '1';
+    default_pools_init();
+    pthread_atfork(mu_lock, mu_unlock, mu_unlock);
 }
 
 EXPORT unsigned long long fake_used(int dev)
@@ -84,10 +187,46 @@ EXPORT unsigned long long fake_used(int dev)
     return (dev >= 0 && dev < MAXDEV) ? __atomic_load_n(&dev_used[dev], __ATOMIC_RELAXED) : 0;
 }
 
+/* what NVML would see on physical device p: every CUDA ordinal that maps onto it */
+EXPORT unsigned long long fake_used_physical(int p)
+{
+    unsigned long long sum = 0;
+    for (int i = 0; i < ndev; i++)
+        if (phys[i] == p)
+            sum += __atomic_load_n(&dev_used[i], __ATOMIC_RELAXED);
+    return sum;
+}
+
+/* device memory as a counter: charge() fails instead of going over the device's total */
+static int charge(int dev, uint64_t size)
+{
+    uint64_t cur;
+    if (dev < 0 || !size)
+        return 0;
+    cur = __atomic_load_n(&dev_used[dev], __ATOMIC_RELAXED);
+    do {
+        if (size > dev_total - cur)
+            return -1;
+    } while (!__atomic_compare_exchange_n(&dev_used[dev], &cur, cur + size, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED));
+    return 0;
+}
+
+static void uncharge(int dev, uint64_t size)
+{
+    if (dev >= 0 && size)
+        __atomic_fetch_sub(&dev_used[dev], size, __ATOMIC_RELAXED);
+}
+
 /* ---- contexts (current per thread) and streams ---- */
 struct CUctx_st {
     unsigned magic;
     int dev;
+    int kind; /* CTX_PRIMARY (the zero value), CTX_CREATED, CTX_GREEN */
+};
+enum { CTX_PRIMARY, CTX_CREATED, CTX_GREEN };
+/* a green context is a context underneath: its handle converts to a CUcontext without a lookup */
+struct CUgreenCtx_st {
+    struct CUctx_st ctx;
 };
 struct CUstream_st {
     unsigned magic;
@@ -96,9 +235,19 @@ struct CUstream_st {
 struct CUmemPoolHandle_st {
     unsigned magic;
     CUmemLocation loc;
+    int dev;           /* -1: a host pool, its reserve is not device memory */
+    int dead;          /* destroyed with allocations outstanding: freed with the last of them */
+    uint64_t reserved; /* device memory the pool holds; >= used */
+    uint64_t used;     /* handed out and not freed */
+    uint64_t threshold; /* CU_MEMPOOL_ATTR_RELEASE_THRESHOLD: a synchronize keeps this much */
+    uint64_t reserved_high, used_high;
+    struct CUmemPoolHandle_st *next; /* created pools, for trimming */
 };
 
 static struct CUctx_st primary[MAXDEV];
+static int primary_refs[MAXDEV];   /* cuDevicePrimaryCtxRetain minus releases */
+static int created_ctxs[MAXDEV];   /* live created and green contexts */
+static uint64_t ctx_bytes[MAXDEV]; /* the part of dev_used that contexts hold */
 static __thread CUcontext ctx_stack[16];
 static __thread int ctx_depth; /* ctx_stack[ctx_depth - 1] is current */
 
@@ -118,7 +267,7 @@ EXPORT CUresult cuInit(unsigned int flags)
     if (flags)
         return CUDA_ERROR_INVALID_VALUE;
     for (int i = 0; i < MAXDEV; i++)
-        primary[i] = (struct CUctx_st){MAGIC_CTX, i};
+        primary[i] = (struct CUctx_st){MAGIC_CTX, i, CTX_PRIMARY};
     __atomic_store_n(&initialized, 1, __ATOMIC_RELEASE);
     return CUDA_SUCCESS;
 }
@@ -160,22 +309,101 @@ EXPORT CUresult cuDeviceGet(CUdevice *d, int ordinal)
     return CUDA_SUCCESS;
 }
 
+/* a context costs device memory, as on a real GPU (the NVML per-process figure includes it) */
+static int ctx_charge(int dev)
+{
+    if (charge(dev, ctx_size) != 0)
+        return -1;
+    ctx_bytes[dev] += ctx_size;
+    return 0;
+}
+
+static void ctx_uncharge(int dev)
+{
+    uncharge(dev, ctx_size);
+    ctx_bytes[dev] -= ctx_size;
+}
+
+EXPORT unsigned long long fake_ctx_bytes(int dev)
+{
+    unsigned long long b;
+    if (dev < 0 || dev >= MAXDEV)
+        return 0;
+    pthread_mutex_lock(&mu);
+    b = ctx_bytes[dev];
+    pthread_mutex_unlock(&mu);
+    return b;
+}
+
+EXPORT int fake_has_ctx(int dev)
+{
+    int has;
+    if (dev < 0 || dev >= MAXDEV)
+        return 0;
+    pthread_mutex_lock(&mu);
+    has = primary_refs[dev] > 0 || created_ctxs[dev] > 0;
+    pthread_mutex_unlock(&mu);
+    return has;
+}
+
+/* the primary context is charged once, by the retain that brings its refcount to 1 */
 EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
 {
+    CUresult rc = CUDA_SUCCESS;
     COUNT(cuDevicePrimaryCtxRetain);
     NEED_INIT();
     if (!pctx)
         return CUDA_ERROR_INVALID_VALUE;
     if (dev < 0 || dev >= ndev)
         return CUDA_ERROR_INVALID_DEVICE;
-    *pctx = &primary[dev];
+    pthread_mutex_lock(&mu);
+    if (primary_refs[dev] == 0 && ctx_charge(dev) != 0)
+        rc = CUDA_ERROR_OUT_OF_MEMORY;
+    else
+        primary_refs[dev]++;
+    pthread_mutex_unlock(&mu);
+    if (rc == CUDA_SUCCESS)
+        *pctx = &primary[dev];
+    return rc;
+}
+
+/* active while retained: a shim creating (and measuring) the context only on the first retain asks this */
+EXPORT CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, int *active)
+{
+    NEED_INIT();
+    if (!flags || !active)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (dev < 0 || dev >= ndev)
+        return CUDA_ERROR_INVALID_DEVICE;
+    *flags = 0;
+    *active = __atomic_load_n(&primary_refs[dev], __ATOMIC_RELAXED) > 0;
     return CUDA_SUCCESS;
 }
 
+/* a release without a retain stays harmless (success, as before the refcount existed) */
 EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
 {
     COUNT(cuDevicePrimaryCtxRelease_v2);
-    return (dev < 0 || dev >= ndev) ? CUDA_ERROR_INVALID_DEVICE : CUDA_SUCCESS;
+    if (dev < 0 || dev >= ndev)
+        return CUDA_ERROR_INVALID_DEVICE;
+    pthread_mutex_lock(&mu);
+    if (primary_refs[dev] > 0 && --primary_refs[dev] == 0)
+        ctx_uncharge(dev);
+    pthread_mutex_unlock(&mu);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
+{
+    COUNT(cuDevicePrimaryCtxReset_v2);
+    if (dev < 0 || dev >= ndev)
+        return CUDA_ERROR_INVALID_DEVICE;
+    pthread_mutex_lock(&mu);
+    if (primary_refs[dev] > 0)
+        ctx_uncharge(dev);
+    primary_refs[dev] = 0;
+    pthread_mutex_unlock(&mu);
+    return CUDA_SUCCESS;
 }
 
 EXPORT CUresult cuCtxSetCurrent(CUcontext c)
@@ -252,6 +480,169 @@ EXPORT CUresult cuCtxGetDevice_v2(CUdevice *d, CUcontext c)
     return CUDA_SUCCESS;
 }
 
+/* ---- created and green contexts ---- */
+static CUresult ctx_new(struct CUctx_st *c, int kind, CUdevice dev)
+{
+    NEED_INIT();
+    if (dev < 0 || dev >= ndev)
+        return CUDA_ERROR_INVALID_DEVICE;
+    pthread_mutex_lock(&mu);
+    if (ctx_charge(dev) != 0) {
+        pthread_mutex_unlock(&mu);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    created_ctxs[dev]++;
+    pthread_mutex_unlock(&mu);
+    *c = (struct CUctx_st){MAGIC_CTX, dev, kind};
+    return CUDA_SUCCESS;
+}
+
+/* never freed: other threads may still hold the handle on their stacks, and a stale handle must
+ * read as invalid (MAGIC_DEAD) rather than as freed memory */
+static void ctx_kill(struct CUctx_st *c)
+{
+    pthread_mutex_lock(&mu);
+    ctx_uncharge(c->dev);
+    created_ctxs[c->dev]--;
+    pthread_mutex_unlock(&mu);
+    c->magic = MAGIC_DEAD;
+}
+
+/* like CUDA: the new context is pushed onto the calling thread's stack */
+static CUresult ctx_create(CUcontext *pctx, CUdevice dev)
+{
+    struct CUctx_st *c;
+    CUresult rc;
+    if (!pctx)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (ctx_depth == 16)
+        return CUDA_ERROR_INVALID_VALUE;
+    c = malloc(sizeof *c);
+    if ((rc = ctx_new(c, CTX_CREATED, dev)) != CUDA_SUCCESS) {
+        free(c);
+        return rc;
+    }
+    ctx_stack[ctx_depth++] = c;
+    *pctx = c;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxCreate(CUcontext *pctx, unsigned int flags, CUdevice dev)
+{
+    (void)flags;
+    COUNT(cuCtxCreate);
+    return ctx_create(pctx, dev);
+}
+
+EXPORT CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev)
+{
+    (void)flags;
+    COUNT(cuCtxCreate_v2);
+    return ctx_create(pctx, dev);
+}
+
+EXPORT CUresult cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *params, int n, unsigned int flags, CUdevice dev)
+{
+    (void)flags;
+    COUNT(cuCtxCreate_v3);
+    if (n < 0 || (n > 0 && !params))
+        return CUDA_ERROR_INVALID_VALUE;
+    return ctx_create(pctx, dev);
+}
+
+EXPORT CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *params, unsigned int flags, CUdevice dev)
+{
+    (void)params, (void)flags;
+    COUNT(cuCtxCreate_v4);
+    return ctx_create(pctx, dev);
+}
+
+/* created or green contexts only; if it is current here, it is popped (as cuCtxDestroy does) */
+static CUresult ctx_destroy(CUcontext c)
+{
+    if (!valid_ctx(c) || c->kind == CTX_PRIMARY)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (current() == c)
+        ctx_depth--;
+    ctx_kill(c);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxDestroy(CUcontext c)
+{
+    COUNT(cuCtxDestroy);
+    return ctx_destroy(c);
+}
+
+EXPORT CUresult cuCtxDestroy_v2(CUcontext c)
+{
+    COUNT(cuCtxDestroy_v2);
+    return ctx_destroy(c);
+}
+
+/* a green context is not made current; cuCtxFromGreenCtx gives the CUcontext to use */
+EXPORT CUresult cuGreenCtxCreate(CUgreenCtx *pg, CUdevResourceDesc desc, CUdevice dev, unsigned int flags)
+{
+    struct CUgreenCtx_st *g;
+    CUresult rc;
+    (void)desc, (void)flags;
+    COUNT(cuGreenCtxCreate);
+    if (!pg)
+        return CUDA_ERROR_INVALID_VALUE;
+    g = malloc(sizeof *g);
+    if ((rc = ctx_new(&g->ctx, CTX_GREEN, dev)) != CUDA_SUCCESS) {
+        free(g);
+        return rc;
+    }
+    *pg = g;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuGreenCtxDestroy(CUgreenCtx g)
+{
+    COUNT(cuGreenCtxDestroy);
+    if (!g || !valid_ctx(&g->ctx) || g->ctx.kind != CTX_GREEN)
+        return CUDA_ERROR_INVALID_HANDLE;
+    return ctx_destroy(&g->ctx);
+}
+
+EXPORT CUresult cuCtxFromGreenCtx(CUcontext *pc, CUgreenCtx g)
+{
+    COUNT(cuCtxFromGreenCtx);
+    if (!pc)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!g || !valid_ctx(&g->ctx) || g->ctx.kind != CTX_GREEN)
+        return CUDA_ERROR_INVALID_HANDLE;
+    *pc = &g->ctx;
+    return CUDA_SUCCESS;
+}
+
+/* ---- UUIDs: derived from the physical index, so a reordering shows ---- */
+static CUresult get_uuid(CUuuid *u, CUdevice dev)
+{
+    static const unsigned char tmpl[16] = {0xfa, 0x4e, 0x00, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 0};
+    NEED_INIT();
+    if (!u)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (dev < 0 || dev >= ndev)
+        return CUDA_ERROR_INVALID_DEVICE;
+    memcpy(u->bytes, tmpl, sizeof tmpl);
+    u->bytes[3] = u->bytes[15] = (char)phys[dev];
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDeviceGetUuid(CUuuid *u, CUdevice dev)
+{
+    COUNT(cuDeviceGetUuid);
+    return get_uuid(u, dev);
+}
+
+EXPORT CUresult cuDeviceGetUuid_v2(CUuuid *u, CUdevice dev)
+{
+    COUNT(cuDeviceGetUuid_v2);
+    return get_uuid(u, dev);
+}
+
 EXPORT CUresult cuStreamCreate(CUstream *ps, unsigned int flags)
 {
     struct CUstream_st *s;
@@ -325,40 +716,104 @@ struct block {
     unsigned magic;
     int dev; /* -1: host */
     uint64_t size;
+    struct CUmemPoolHandle_st *pool; /* stream-ordered: the size came from this pool's reserve */
 };
 
-static CUresult take(int dev, uint64_t size, uint64_t *out)
+static uint64_t new_block(int dev, uint64_t size, struct CUmemPoolHandle_st *pool)
 {
-    struct block *b;
-    if (!size)
-        return CUDA_ERROR_INVALID_VALUE;
-    if (dev >= 0) {
-        uint64_t cur = __atomic_load_n(&dev_used[dev], __ATOMIC_RELAXED);
-        do {
-            if (size > dev_total - cur)
-                return CUDA_ERROR_OUT_OF_MEMORY;
-        } while (!__atomic_compare_exchange_n(&dev_used[dev], &cur, cur + size, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED));
-    }
-    b = malloc(sizeof *b);
+    struct block *b = malloc(sizeof *b);
     b->magic = MAGIC_MEM;
     b->dev = dev;
     b->size = size;
-    *out = (uint64_t)(uintptr_t)b;
+    b->pool = pool;
+    return (uint64_t)(uintptr_t)b;
+}
+
+static CUresult take(int dev, uint64_t size, uint64_t *out)
+{
+    if (!size)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (charge(dev, size) != 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    *out = new_block(dev, size, NULL);
     return CUDA_SUCCESS;
 }
 
+/* ---- legacy 32-bit device pointers: small handles naming 64-bit blocks ---- */
+#define V1_SLOTS 4096
+#define V1_BASE 0x1000u
+#define V1_STRIDE 16u
+static uint64_t v1_block[V1_SLOTS];
+
+static int in_v1_range(uint64_t h)
+{
+    return h >= V1_BASE && h < V1_BASE + (uint64_t)V1_SLOTS * V1_STRIDE;
+}
+
+/* -1: not a v1 handle; -2: inside the handle range but not a slot */
+static int v1_slot(uint64_t h)
+{
+    if (!in_v1_range(h))
+        return -1;
+    if ((h - V1_BASE) % V1_STRIDE)
+        return -2;
+    return (int)((h - V1_BASE) / V1_STRIDE);
+}
+
+/* the table owns p from here on; a full table is OUT_OF_MEMORY (and p is freed) */
+static CUresult v1_put(uint64_t p, CUdeviceptr_v1 *out);
+
+/* a v1 handle resolves to its block and leaves the table (the caller frees the block) */
+static uint64_t v1_take_back(uint64_t h)
+{
+    int slot = v1_slot(h);
+    uint64_t p;
+    if (slot == -1)
+        return h;
+    if (slot < 0)
+        return UINT64_MAX;
+    pthread_mutex_lock(&mu);
+    p = v1_block[slot];
+    v1_block[slot] = 0;
+    pthread_mutex_unlock(&mu);
+    return p ? p : UINT64_MAX; /* an unknown handle: not a block, never dereferenced */
+}
+
+static void pool_put_back(struct CUmemPoolHandle_st *pool, uint64_t size);
+
+/* any device pointer, v1 handles included (they are addresses in the same space on a real GPU) */
 static CUresult give(uint64_t p)
 {
-    struct block *b = (struct block *)(uintptr_t)p;
+    struct block *b;
     if (!p)
         return CUDA_SUCCESS;
+    if ((p = v1_take_back(p)) == UINT64_MAX)
+        return CUDA_ERROR_INVALID_VALUE;
+    b = (struct block *)(uintptr_t)p;
     if (b->magic != MAGIC_MEM)
         return CUDA_ERROR_INVALID_VALUE;
     b->magic = 0;
-    if (b->dev >= 0)
-        __atomic_fetch_sub(&dev_used[b->dev], b->size, __ATOMIC_RELAXED);
+    if (b->pool)
+        pool_put_back(b->pool, b->size);
+    else
+        uncharge(b->dev, b->size);
     free(b);
     return CUDA_SUCCESS;
+}
+
+static CUresult v1_put(uint64_t p, CUdeviceptr_v1 *out)
+{
+    pthread_mutex_lock(&mu);
+    for (int i = 0; i < V1_SLOTS; i++)
+        if (!v1_block[i]) {
+            v1_block[i] = p;
+            pthread_mutex_unlock(&mu);
+            *out = V1_BASE + (unsigned)i * V1_STRIDE;
+            return CUDA_SUCCESS;
+        }
+    pthread_mutex_unlock(&mu);
+    give(p);
+    return CUDA_ERROR_OUT_OF_MEMORY;
 }
 
 static CUresult alloc_current(CUdeviceptr *dptr, uint64_t size)
@@ -387,11 +842,10 @@ EXPORT CUresult cuMemFree_v2(CUdeviceptr p)
     return give(p);
 }
 
-EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t w, size_t h, unsigned int esz)
+static CUresult alloc_pitch(CUdeviceptr *dptr, size_t *pitch, size_t w, size_t h, unsigned int esz)
 {
     size_t pp;
     CUresult rc;
-    COUNT(cuMemAllocPitch_v2);
     if (!pitch || (esz != 4 && esz != 8 && esz != 16) || !w || !h)
         return CUDA_ERROR_INVALID_VALUE;
     pp = (w + 511) & ~(size_t)511;
@@ -400,11 +854,154 @@ EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t w, s
     return rc;
 }
 
+EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t w, size_t h, unsigned int esz)
+{
+    COUNT(cuMemAllocPitch_v2);
+    return alloc_pitch(dptr, pitch, w, h, esz);
+}
+
+/* the v1 ABI: the same device memory, 32-bit sizes, handles from the v1 table */
+EXPORT CUresult cuMemAlloc(CUdeviceptr_v1 *dptr, unsigned int size)
+{
+    CUdeviceptr p;
+    CUresult rc;
+    COUNT(cuMemAlloc);
+    if (!dptr)
+        return CUDA_ERROR_INVALID_VALUE;
+    if ((rc = alloc_current(&p, size)) != CUDA_SUCCESS)
+        return rc;
+    return v1_put(p, dptr);
+}
+
+EXPORT CUresult cuMemFree(CUdeviceptr_v1 p)
+{
+    COUNT(cuMemFree);
+    if (p && !in_v1_range(p)) /* no 32-bit value outside the table is a block: never dereferenced */
+        return CUDA_ERROR_INVALID_VALUE;
+    return give(p);
+}
+
+EXPORT CUresult cuMemAllocPitch(CUdeviceptr_v1 *dptr, unsigned int *pitch, unsigned int w, unsigned int h,
+                                unsigned int esz)
+{
+    CUdeviceptr p;
+    size_t pp;
+    CUresult rc;
+    COUNT(cuMemAllocPitch);
+    if (!dptr || !pitch)
+        return CUDA_ERROR_INVALID_VALUE;
+    if ((rc = alloc_pitch(&p, &pp, w, h, esz)) != CUDA_SUCCESS)
+        return rc;
+    if (pp > UINT_MAX) {
+        give(p);
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    if ((rc = v1_put(p, dptr)) == CUDA_SUCCESS)
+        *pitch = (unsigned int)pp;
+    return rc;
+}
+
 EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t size, unsigned int flags)
 {
     (void)flags;
     COUNT(cuMemAllocManaged);
     return alloc_current(dptr, size);
+}
+
+/* ---- stream-ordered pools: a reserve that grows on demand and shrinks on synchronize ---- */
+static struct CUmemPoolHandle_st default_pool[MAXDEV];
+static struct CUmemPoolHandle_st *current_pool[MAXDEV]; /* cuDeviceSetMemPool; NULL: the default */
+static struct CUmemPoolHandle_st *created_pools;         /* under mu */
+
+static void default_pools_init(void)
+{
+    for (int i = 0; i < MAXDEV; i++) {
+        default_pool[i].magic = MAGIC_POOL;
+        default_pool[i].loc.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        default_pool[i].loc.id = i;
+        default_pool[i].dev = i;
+    }
+}
+
+static int valid_pool(CUmemoryPool pool)
+{
+    return pool && pool->magic == MAGIC_POOL;
+}
+
+static int is_default_pool(CUmemoryPool pool)
+{
+    return pool >= default_pool && pool < default_pool + MAXDEV;
+}
+
+/* the free part of the reserve first; only the shortfall is new device memory */
+static CUresult pool_take(struct CUmemPoolHandle_st *pool, uint64_t size, uint64_t *out)
+{
+    uint64_t avail;
+    if (!size)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&mu);
+    avail = pool->reserved - pool->used;
+    if (avail < size) {
+        if (charge(pool->dev, size - avail) != 0) {
+            pthread_mutex_unlock(&mu);
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        pool->reserved += size - avail;
+    }
+    pool->used += size;
+    if (pool->reserved > pool->reserved_high)
+        pool->reserved_high = pool->reserved;
+    if (pool->used > pool->used_high)
+        pool->used_high = pool->used;
+    pthread_mutex_unlock(&mu);
+    *out = new_block(pool->dev, size, pool);
+    return CUDA_SUCCESS;
+}
+
+/* a free keeps the memory reserved; a destroyed pool gives it back with its last allocations */
+static void pool_put_back(struct CUmemPoolHandle_st *pool, uint64_t size)
+{
+    int gone = 0;
+    pthread_mutex_lock(&mu);
+    pool->used -= size;
+    if (pool->dead) {
+        pool->reserved -= size;
+        uncharge(pool->dev, size);
+        gone = pool->used == 0;
+    }
+    pthread_mutex_unlock(&mu);
+    if (gone)
+        free(pool);
+}
+
+/* under mu */
+static void pool_trim(struct CUmemPoolHandle_st *pool, uint64_t keep)
+{
+    if (keep < pool->used)
+        keep = pool->used;
+    if (pool->reserved > keep) {
+        uncharge(pool->dev, pool->reserved - keep);
+        pool->reserved = keep;
+    }
+}
+
+/* what a synchronize does on a real driver: every pool of the device down to its threshold */
+static void trim_device(int dev)
+{
+    if (dev < 0 || dev >= MAXDEV)
+        return;
+    pthread_mutex_lock(&mu);
+    pool_trim(&default_pool[dev], default_pool[dev].threshold);
+    for (struct CUmemPoolHandle_st *p = created_pools; p; p = p->next)
+        if (p->dev == dev)
+            pool_trim(p, p->threshold);
+    pthread_mutex_unlock(&mu);
+}
+
+static struct CUmemPoolHandle_st *device_current_pool(int dev)
+{
+    struct CUmemPoolHandle_st *p = __atomic_load_n(&current_pool[dev], __ATOMIC_ACQUIRE);
+    return p ? p : &default_pool[dev];
 }
 
 static CUresult alloc_on_stream(CUdeviceptr *dptr, size_t size, CUstream s)
@@ -417,7 +1014,7 @@ static CUresult alloc_on_stream(CUdeviceptr *dptr, size_t size, CUstream s)
         return CUDA_ERROR_INVALID_VALUE;
     if ((rc = stream_ctx(s, &c)) != CUDA_SUCCESS)
         return rc;
-    if ((rc = take(c->dev, size, &p)) == CUDA_SUCCESS)
+    if ((rc = pool_take(device_current_pool(c->dev), size, &p)) == CUDA_SUCCESS)
         *dptr = p;
     return rc;
 }
@@ -438,12 +1035,10 @@ static CUresult alloc_from_pool(CUdeviceptr *dptr, size_t size, CUmemoryPool poo
 {
     uint64_t p;
     CUresult rc;
-    int dev;
     NEED_INIT();
-    if (!dptr || !pool || pool->magic != MAGIC_POOL)
+    if (!dptr || !valid_pool(pool))
         return CUDA_ERROR_INVALID_VALUE;
-    dev = pool->loc.type == CU_MEM_LOCATION_TYPE_DEVICE ? pool->loc.id : -1;
-    if ((rc = take(dev, size, &p)) == CUDA_SUCCESS)
+    if ((rc = pool_take(pool, size, &p)) == CUDA_SUCCESS)
         *dptr = p;
     return rc;
 }
@@ -519,8 +1114,6 @@ EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle h)
     return h ? give(h) : CUDA_ERROR_INVALID_VALUE;
 }
 
-static struct CUmemPoolHandle_st default_pool[MAXDEV];
-
 EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props)
 {
     int dev;
@@ -529,65 +1122,158 @@ EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props)
     NEED_INIT();
     if (!pool || !props || location_dev(&props->location, &dev) != 0)
         return CUDA_ERROR_INVALID_VALUE;
-    p = malloc(sizeof *p);
+    p = calloc(1, sizeof *p);
     p->magic = MAGIC_POOL;
     p->loc = props->location;
+    p->dev = dev;
+    pthread_mutex_lock(&mu);
+    p->next = created_pools;
+    created_pools = p;
+    pthread_mutex_unlock(&mu);
     *pool = p;
     return CUDA_SUCCESS;
 }
 
+/* the free part of the reserve goes back now; what is still allocated, when it is freed (as the
+ * real driver defers the release of a pool with outstanding allocations) */
 EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool)
 {
+    int gone;
     COUNT(cuMemPoolDestroy);
-    if (!pool || pool->magic != MAGIC_POOL)
+    if (!valid_pool(pool) || is_default_pool(pool))
         return CUDA_ERROR_INVALID_VALUE;
-    if (pool >= default_pool && pool < default_pool + MAXDEV)
-        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&mu);
+    for (struct CUmemPoolHandle_st **pp = &created_pools; *pp; pp = &(*pp)->next)
+        if (*pp == pool) {
+            *pp = pool->next;
+            break;
+        }
+    pool_trim(pool, 0);
     pool->magic = 0;
-    free(pool);
+    pool->dead = 1;
+    gone = pool->used == 0;
+    if (pool->dev >= 0 && current_pool[pool->dev] == pool) /* the device falls back to its default */
+        __atomic_store_n(&current_pool[pool->dev], NULL, __ATOMIC_RELEASE);
+    pthread_mutex_unlock(&mu);
+    if (gone)
+        free(pool);
     return CUDA_SUCCESS;
 }
 
-static CUresult device_pool(CUmemoryPool *out, CUdevice dev)
+static CUresult device_pool(CUmemoryPool *out, CUdevice dev, int current_one)
 {
     NEED_INIT();
     if (!out)
         return CUDA_ERROR_INVALID_VALUE;
     if (dev < 0 || dev >= ndev)
         return CUDA_ERROR_INVALID_DEVICE;
-    default_pool[dev].magic = MAGIC_POOL;
-    default_pool[dev].loc.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    default_pool[dev].loc.id = dev;
-    *out = &default_pool[dev];
+    *out = current_one ? device_current_pool(dev) : &default_pool[dev];
     return CUDA_SUCCESS;
 }
 
 EXPORT CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *out, CUdevice dev)
 {
     COUNT(cuDeviceGetDefaultMemPool);
-    return device_pool(out, dev);
+    return device_pool(out, dev, 0);
 }
 
 EXPORT CUresult cuDeviceGetMemPool(CUmemoryPool *out, CUdevice dev)
 {
     COUNT(cuDeviceGetMemPool);
-    return device_pool(out, dev);
+    return device_pool(out, dev, 1);
+}
+
+/* the pool must live on that device, as the real driver requires */
+EXPORT CUresult cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool)
+{
+    COUNT(cuDeviceSetMemPool);
+    NEED_INIT();
+    if (dev < 0 || dev >= ndev)
+        return CUDA_ERROR_INVALID_DEVICE;
+    if (!valid_pool(pool) || pool->dev != dev)
+        return CUDA_ERROR_INVALID_VALUE;
+    __atomic_store_n(&current_pool[dev], is_default_pool(pool) ? NULL : pool, __ATOMIC_RELEASE);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep)
+{
+    COUNT(cuMemPoolTrimTo);
+    if (!valid_pool(pool))
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&mu);
+    pool_trim(pool, keep);
+    pthread_mutex_unlock(&mu);
+    return CUDA_SUCCESS;
 }
 
 EXPORT CUresult cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value)
 {
+    CUresult rc = CUDA_SUCCESS;
     COUNT(cuMemPoolGetAttribute);
-    if (!pool || pool->magic != MAGIC_POOL || !value)
+    if (!valid_pool(pool) || !value)
         return CUDA_ERROR_INVALID_VALUE;
-    if (legacy) /* drivers before CUDA 13 do not know the location attributes */
+    if (attr == CU_MEMPOOL_ATTR_LOCATION_TYPE || attr == CU_MEMPOOL_ATTR_LOCATION_ID) {
+        if (legacy) /* drivers before CUDA 13 do not know the location attributes */
+            return CUDA_ERROR_INVALID_VALUE;
+        *(int *)value = attr == CU_MEMPOOL_ATTR_LOCATION_TYPE ? (int)pool->loc.type : pool->loc.id;
+        return CUDA_SUCCESS;
+    }
+    pthread_mutex_lock(&mu);
+    switch (attr) {
+    case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD:
+        *(cuuint64_t *)value = pool->threshold;
+        break;
+    case CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT:
+        *(cuuint64_t *)value = pool->reserved;
+        break;
+    case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH:
+        *(cuuint64_t *)value = pool->reserved_high;
+        break;
+    case CU_MEMPOOL_ATTR_USED_MEM_CURRENT:
+        *(cuuint64_t *)value = pool->used;
+        break;
+    case CU_MEMPOOL_ATTR_USED_MEM_HIGH:
+        *(cuuint64_t *)value = pool->used_high;
+        break;
+    default:
+        rc = CUDA_ERROR_NOT_SUPPORTED;
+    }
+    pthread_mutex_unlock(&mu);
+    return rc;
+}
+
+/* the threshold, and the high watermarks' reset (value 0, as the real driver accepts) */
+EXPORT CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value)
+{
+    CUresult rc = CUDA_SUCCESS;
+    cuuint64_t v;
+    COUNT(cuMemPoolSetAttribute);
+    if (!valid_pool(pool) || !value)
         return CUDA_ERROR_INVALID_VALUE;
-    if (attr == CU_MEMPOOL_ATTR_LOCATION_TYPE)
-        *(int *)value = pool->loc.type;
-    else if (attr == CU_MEMPOOL_ATTR_LOCATION_ID)
-        *(int *)value = pool->loc.id;
-    else
-        return CUDA_ERROR_NOT_SUPPORTED;
-    return CUDA_SUCCESS;
+    v = *(cuuint64_t *)value;
+    pthread_mutex_lock(&mu);
+    switch (attr) {
+    case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD:
+        pool->threshold = v;
+        break;
+    case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH:
+        if (v)
+            rc = CUDA_ERROR_INVALID_VALUE;
+        else
+            pool->reserved_high = pool->reserved;
+        break;
+    case CU_MEMPOOL_ATTR_USED_MEM_HIGH:
+        if (v)
+            rc = CUDA_ERROR_INVALID_VALUE;
+        else
+            pool->used_high = pool->used;
+        break;
+    default:
+        rc = CUDA_ERROR_NOT_SUPPORTED;
+    }
+    pthread_mutex_unlock(&mu);
+    return rc;
 }
 
 /* ---- arrays ---- */
@@ -615,6 +1301,18 @@ EXPORT CUresult cuArrayCreate_v2(CUarray *a, const CUDA_ARRAY_DESCRIPTOR *d)
 EXPORT CUresult cuArray3DCreate_v2(CUarray *a, const CUDA_ARRAY3D_DESCRIPTOR *d)
 {
     COUNT(cuArray3DCreate_v2);
+    return d ? array_alloc(a, d->Width, d->Height, d->Depth, d->NumChannels) : CUDA_ERROR_INVALID_VALUE;
+}
+
+EXPORT CUresult cuArrayCreate(CUarray *a, const CUDA_ARRAY_DESCRIPTOR_v1 *d)
+{
+    COUNT(cuArrayCreate);
+    return d ? array_alloc(a, d->Width, d->Height, 1, d->NumChannels) : CUDA_ERROR_INVALID_VALUE;
+}
+
+EXPORT CUresult cuArray3DCreate(CUarray *a, const CUDA_ARRAY3D_DESCRIPTOR_v1 *d)
+{
+    COUNT(cuArray3DCreate);
     return d ? array_alloc(a, d->Width, d->Height, d->Depth, d->NumChannels) : CUDA_ERROR_INVALID_VALUE;
 }
 
@@ -686,15 +1384,38 @@ EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDe
     return ptr && size && desc && count ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
+/* synchronizing trims the device's pools to their release thresholds, as the real driver does */
 EXPORT CUresult cuStreamSynchronize(CUstream s)
 {
     CUcontext c;
-    return stream_ctx(s, &c);
+    CUresult rc;
+    COUNT(cuStreamSynchronize);
+    if ((rc = stream_ctx(s, &c)) == CUDA_SUCCESS)
+        trim_device(c->dev);
+    return rc;
 }
 
 EXPORT CUresult cuCtxSynchronize(void)
 {
-    return current() ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
+    COUNT(cuCtxSynchronize);
+    if (!current())
+        return CUDA_ERROR_INVALID_CONTEXT;
+    trim_device(current()->dev);
+    return CUDA_SUCCESS;
+}
+
+/* the fake has no events: any handle is "complete"; the current device's pools (every device's,
+ * without a current context) are trimmed as by a real event synchronize */
+EXPORT CUresult cuEventSynchronize(CUevent e)
+{
+    (void)e;
+    COUNT(cuEventSynchronize);
+    if (current())
+        trim_device(current()->dev);
+    else
+        for (int i = 0; i < ndev; i++)
+            trim_device(i);
+    return CUDA_SUCCESS;
 }
 
 EXPORT CUresult cuMemsetD8_v2(CUdeviceptr p, unsigned char v, size_t n)
@@ -723,19 +1444,45 @@ EXPORT CUresult cuModuleGetFunction(CUfunction *f, CUmodule m, const char *name)
 }
 
 /* ---- reporting ---- */
-EXPORT CUresult cuMemGetInfo_v2(size_t *free_b, size_t *total_b)
+static CUresult mem_info(uint64_t *free_b, uint64_t *total_b)
 {
     int dev;
-    COUNT(cuMemGetInfo_v2);
     NEED_INIT();
-    if (!free_b || !total_b)
-        return CUDA_ERROR_INVALID_VALUE;
     if (!current())
         return CUDA_ERROR_INVALID_CONTEXT;
     dev = current()->dev;
     *total_b = dev_total;
     *free_b = dev_total - __atomic_load_n(&dev_used[dev], __ATOMIC_RELAXED);
     return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemGetInfo_v2(size_t *free_b, size_t *total_b)
+{
+    uint64_t f, t;
+    CUresult rc;
+    COUNT(cuMemGetInfo_v2);
+    NEED_INIT();
+    if (!free_b || !total_b)
+        return CUDA_ERROR_INVALID_VALUE;
+    if ((rc = mem_info(&f, &t)) == CUDA_SUCCESS)
+        *free_b = f, *total_b = t;
+    return rc;
+}
+
+/* the v1 ABI cannot say more than 4 GiB: clamped */
+EXPORT CUresult cuMemGetInfo(unsigned int *free_b, unsigned int *total_b)
+{
+    uint64_t f, t;
+    CUresult rc;
+    COUNT(cuMemGetInfo);
+    NEED_INIT();
+    if (!free_b || !total_b)
+        return CUDA_ERROR_INVALID_VALUE;
+    if ((rc = mem_info(&f, &t)) == CUDA_SUCCESS) {
+        *free_b = f > UINT_MAX ? UINT_MAX : (unsigned int)f;
+        *total_b = t > UINT_MAX ? UINT_MAX : (unsigned int)t;
+    }
+    return rc;
 }
 
 EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
@@ -747,6 +1494,18 @@ EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
     if (dev < 0 || dev >= ndev)
         return CUDA_ERROR_INVALID_DEVICE;
     *bytes = dev_total;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDeviceTotalMem(unsigned int *bytes, CUdevice dev)
+{
+    COUNT(cuDeviceTotalMem);
+    NEED_INIT();
+    if (!bytes)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (dev < 0 || dev >= ndev)
+        return CUDA_ERROR_INVALID_DEVICE;
+    *bytes = dev_total > UINT_MAX ? UINT_MAX : (unsigned int)dev_total;
     return CUDA_SUCCESS;
 }
 
@@ -840,7 +1599,8 @@ EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec g, CUstream s)
     return CUDA_SUCCESS;
 }
 
-/* ---- cuGetProcAddress: (name, minimum cudaVersion) -> default / per-thread entry ---- */
+/* ---- cuGetProcAddress: (name, introduced in cudaVersion) -> default / per-thread entry; a name
+ * may have several rows, the newest one not newer than the caller's cudaVersion answers ---- */
 struct proc {
     const char *name;
     int min_version;
@@ -884,12 +1644,45 @@ static const struct proc procs[] = {
     {"cuDeviceGetCount", 2000, (void *)cuDeviceGetCount, NULL},
     {"cuDeviceGet", 2000, (void *)cuDeviceGet, NULL},
     {"cuDriverGetVersion", 2020, (void *)cuDriverGetVersion, NULL},
+    {"cuMemAlloc", 2000, (void *)cuMemAlloc, NULL},
     {"cuMemAlloc", 3020, (void *)cuMemAlloc_v2, NULL},
+    {"cuMemFree", 2000, (void *)cuMemFree, NULL},
     {"cuMemFree", 3020, (void *)cuMemFree_v2, NULL},
+    {"cuMemAllocPitch", 2000, (void *)cuMemAllocPitch, NULL},
     {"cuMemAllocPitch", 3020, (void *)cuMemAllocPitch_v2, NULL},
     {"cuMemAllocManaged", 6000, (void *)cuMemAllocManaged, NULL},
+    {"cuMemGetInfo", 2000, (void *)cuMemGetInfo, NULL},
     {"cuMemGetInfo", 3020, (void *)cuMemGetInfo_v2, NULL},
+    {"cuDeviceTotalMem", 2000, (void *)cuDeviceTotalMem, NULL},
     {"cuDeviceTotalMem", 3020, (void *)cuDeviceTotalMem_v2, NULL},
+    {"cuArrayCreate", 2000, (void *)cuArrayCreate, NULL},
+    {"cuArrayCreate", 3020, (void *)cuArrayCreate_v2, NULL},
+    {"cuArray3DCreate", 2000, (void *)cuArray3DCreate, NULL},
+    {"cuArray3DCreate", 3020, (void *)cuArray3DCreate_v2, NULL},
+    {"cuCtxCreate", 2000, (void *)cuCtxCreate, NULL},
+    {"cuCtxCreate", 3020, (void *)cuCtxCreate_v2, NULL},
+    {"cuCtxCreate", 11040, (void *)cuCtxCreate_v3, NULL},
+    {"cuCtxCreate", 12050, (void *)cuCtxCreate_v4, NULL},
+    {"cuCtxDestroy", 2000, (void *)cuCtxDestroy, NULL},
+    {"cuCtxDestroy", 4000, (void *)cuCtxDestroy_v2, NULL},
+    {"cuGreenCtxCreate", 12040, (void *)cuGreenCtxCreate, NULL},
+    {"cuGreenCtxDestroy", 12040, (void *)cuGreenCtxDestroy, NULL},
+    {"cuCtxFromGreenCtx", 12040, (void *)cuCtxFromGreenCtx, NULL},
+    {"cuDevicePrimaryCtxRelease", 7000, (void *)cuDevicePrimaryCtxRelease_v2, NULL},
+    {"cuDevicePrimaryCtxReset", 7000, (void *)cuDevicePrimaryCtxReset_v2, NULL},
+    {"cuDeviceGetUuid", 9020, (void *)cuDeviceGetUuid, NULL},
+    {"cuDeviceGetUuid", 11040, (void *)cuDeviceGetUuid_v2, NULL},
+    {"cuDeviceSetMemPool", 11020, (void *)cuDeviceSetMemPool, NULL},
+    {"cuDeviceGetMemPool", 11020, (void *)cuDeviceGetMemPool, NULL},
+    {"cuDeviceGetDefaultMemPool", 11020, (void *)cuDeviceGetDefaultMemPool, NULL},
+    {"cuMemPoolCreate", 11020, (void *)cuMemPoolCreate, NULL},
+    {"cuMemPoolDestroy", 11020, (void *)cuMemPoolDestroy, NULL},
+    {"cuMemPoolTrimTo", 11020, (void *)cuMemPoolTrimTo, NULL},
+    {"cuMemPoolGetAttribute", 11020, (void *)cuMemPoolGetAttribute, NULL},
+    {"cuMemPoolSetAttribute", 11020, (void *)cuMemPoolSetAttribute, NULL},
+    {"cuStreamSynchronize", 2000, (void *)cuStreamSynchronize, NULL},
+    {"cuCtxSynchronize", 2000, (void *)cuCtxSynchronize, NULL},
+    {"cuEventSynchronize", 2000, (void *)cuEventSynchronize, NULL},
     {"cuMemCreate", 10020, (void *)cuMemCreate, NULL},
     {"cuMemRelease", 10020, (void *)cuMemRelease, NULL},
     {"cuMemAllocAsync", 11020, (void *)cuMemAllocAsync, (void *)cuMemAllocAsync_ptsz},
@@ -899,6 +1692,7 @@ static const struct proc procs[] = {
     {"cuLaunchKernelEx", 11060, (void *)cuLaunchKernelEx, (void *)cuLaunchKernelEx_ptsz},
     {"cuLaunchCooperativeKernel", 9000, (void *)cuLaunchCooperativeKernel, (void *)cuLaunchCooperativeKernel_ptsz},
     {"cuGraphLaunch", 10000, (void *)cuGraphLaunch, (void *)cuGraphLaunch_ptsz},
+    {"cuGetProcAddress", 11030, (void *)cuGetProcAddress, NULL},
     {"cuGetProcAddress", 12000, (void *)cuGetProcAddress_v2, NULL},
     {"cuCtxGetDevice", 2000, (void *)cuCtxGetDevice, NULL},
     {"cuDevicePrimaryCtxRetain", 7000, (void *)cuDevicePrimaryCtxRetain, NULL},
@@ -909,6 +1703,8 @@ static const struct proc procs[] = {
 static CUresult lookup(const char *name, void **pfn, int ver, cuuint64_t flags, CUdriverProcAddressQueryResult *st)
 {
     CUdriverProcAddressQueryResult dummy;
+    const struct proc *best = NULL;
+    int known = 0;
     if (!st)
         st = &dummy;
     if (!name || !pfn)
@@ -917,18 +1713,18 @@ static CUresult lookup(const char *name, void **pfn, int ver, cuuint64_t flags, 
     for (size_t i = 0; i < sizeof procs / sizeof procs[0]; i++) {
         if (strcmp(procs[i].name, name) != 0)
             continue;
-        if (ver < procs[i].min_version) {
-            *st = CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT;
-            return CUDA_ERROR_NOT_FOUND;
-        }
-        *pfn = proc_alias(((flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) && procs[i].fn_ptsz)
-                              ? procs[i].fn_ptsz
-                              : procs[i].fn);
-        *st = CU_GET_PROC_ADDRESS_SUCCESS;
-        return CUDA_SUCCESS;
+        known = 1;
+        if (procs[i].min_version <= ver && (!best || procs[i].min_version > best->min_version))
+            best = &procs[i];
     }
-    *st = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
-    return CUDA_ERROR_NOT_FOUND;
+    if (!best) {
+        *st = known ? CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT : CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+        return CUDA_ERROR_NOT_FOUND;
+    }
+    *pfn = proc_alias(((flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) && best->fn_ptsz) ? best->fn_ptsz
+                                                                                                : best->fn);
+    *st = CU_GET_PROC_ADDRESS_SUCCESS;
+    return CUDA_SUCCESS;
 }
 
 EXPORT CUresult cuGetProcAddress_v2(const char *name, void **pfn, int ver, cuuint64_t flags,

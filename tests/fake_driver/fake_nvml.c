@@ -1,11 +1,31 @@
-/* A fake libnvidia-ml.so.1: the same devices as the fake libcuda (FAKE_CUDA_DEVICES,
- * FAKE_CUDA_MEM_MB), handles are pointers to a per-device record. */
+/* A fake libnvidia-ml.so.1 for the shim's tests: the physical devices behind the fake libcuda,
+ * handles are pointers to a per-device record. NVML sees every physical device in physical order
+ * (CUDA's FAKE_CUDA_ORDER does not apply to it, as CUDA_VISIBLE_DEVICES does not apply to NVML),
+ * and this process's memory as the fake libcuda accounts it (looked up at run time, so either
+ * library loads without the other).
+ *
+ * Env knobs:
+ *   FAKE_CUDA_DEVICES=N            CUDA's device count (default 2)
+ *   FAKE_CUDA_MEM_MB=M             memory per device (default 1024)
+ *   FAKE_CUDA_ORDER=1,0            CUDA's ordinal -> physical map: here only its largest index counts
+ *   FAKE_CUDA_PHYSICAL_DEVICES=N   NVML's device count; default max(FAKE_CUDA_DEVICES or 2,
+ *                                  1 + the largest index in FAKE_CUDA_ORDER)
+ *   FAKE_NVML_PID_OFFSET=K         this process's pid as NVML reports it: getpid() + K (a container's
+ *                                  pid namespace, NVML answering with host pids; default 0)
+ *   FAKE_NVML_OTHERS=pid:MiB,...   other processes on every device (counted in its used memory)
+ * Link with -ldl where dlopen is not in libc (glibc < 2.34). */
+#define NVML_NO_UNVERSIONED_FUNC_DEFS /* the unversioned names are exported here as the v1 ABIs */
+#include <dlfcn.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
 
 #include <nvml.h>
 
 #define EXPORT __attribute__((visibility("default")))
 #define MAXDEV 16
+#define MAXOTHERS 16
 
 struct nvmlDevice_st {
     unsigned index;
@@ -15,23 +35,143 @@ static struct nvmlDevice_st devs[MAXDEV];
 static unsigned ndev = 2;
 static unsigned long long total = 1024ull << 20;
 static int inited;
+static int order[MAXDEV]; /* as fake_cuda.c parses FAKE_CUDA_ORDER: CUDA ordinal -> physical */
+static int norder = -1;   /* -1: unset, the identity */
+static long pid_offset;
+static struct {
+    unsigned pid;
+    unsigned long long bytes;
+} others[MAXOTHERS];
+static unsigned nothers;
 
 __attribute__((constructor)) static void fake_config(void)
 {
     const char *s = getenv("FAKE_CUDA_DEVICES");
+    char *end;
+    if (s)
+        ndev = (unsigned)atoi(s) > MAXDEV ? MAXDEV : (unsigned)atoi(s);
+    s = getenv("FAKE_CUDA_ORDER");
+    if (s) {
+        norder = 0;
+        while (*s && norder < MAXDEV) {
+            long v = strtol(s, &end, 10);
+            if (end != s && v >= 0 && v < MAXDEV) {
+                order[norder++] = (int)v;
+                if ((unsigned)v + 1 > ndev)
+                    ndev = (unsigned)v + 1;
+            }
+            s = end;
+            while (*s && *s != ',')
+                s++;
+            if (*s == ',')
+                s++;
+        }
+    }
+    s = getenv("FAKE_CUDA_PHYSICAL_DEVICES");
     if (s)
         ndev = (unsigned)atoi(s) > MAXDEV ? MAXDEV : (unsigned)atoi(s);
     s = getenv("FAKE_CUDA_MEM_MB");
     if (s)
         total = strtoull(s, NULL, 10) << 20;
+    s = getenv("FAKE_NVML_PID_OFFSET");
+    if (s)
+        pid_offset = strtol(s, NULL, 10);
+    for (s = getenv("FAKE_NVML_OTHERS"); s && *s && nothers < MAXOTHERS;) {
+        unsigned long pid = strtoul(s, &end, 10);
+        if (end != s && *end == ':') {
+            const char *m = end + 1;
+            unsigned long long mib = strtoull(m, &end, 10);
+            if (end != m) {
+                others[nothers].pid = (unsigned)pid;
+                others[nothers++].bytes = mib << 20;
+            }
+        }
+        s = end;
+        while (*s && *s != ',')
+            s++;
+        if (*s == ',')
+            s++;
+    }
     for (unsigned i = 0; i < MAXDEV; i++)
         devs[i].index = i;
+}
+
+/* ---- the fake libcuda's books, if it is loaded: dlopen NOLOAD never loads it for us. The shim
+ * under test interposes dlsym and passes these (unknown to it) names through. ---- */
+typedef int (*has_ctx_fn)(int);
+typedef unsigned long long (*used_phys_fn)(int);
+static has_ctx_fn p_has_ctx;
+static used_phys_fn p_used_phys;
+
+static int cuda_books(void)
+{
+    void *h;
+    if (__atomic_load_n(&p_used_phys, __ATOMIC_ACQUIRE))
+        return 1;
+    h = dlopen("libcuda.so.1", RTLD_NOLOAD | RTLD_LAZY);
+    if (!h)
+        return 0;
+    has_ctx_fn hc = (has_ctx_fn)dlsym(h, "fake_has_ctx");
+    used_phys_fn up = (used_phys_fn)dlsym(h, "fake_used_physical");
+    if (!hc || !up) { /* some other libcuda.so.1: nothing to report */
+        dlclose(h);
+        return 0;
+    }
+    /* the handle stays open: the library must outlive the pointers (a racing second open only
+     * bumps its refcount) */
+    __atomic_store_n(&p_has_ctx, hc, __ATOMIC_RELAXED);
+    __atomic_store_n(&p_used_phys, up, __ATOMIC_RELEASE);
+    return 1;
+}
+
+static unsigned long long own_bytes(unsigned p)
+{
+    return cuda_books() ? p_used_phys((int)p) : 0;
+}
+
+/* a context on any CUDA ordinal that maps onto physical device p */
+static int own_ctx(unsigned p)
+{
+    if (!cuda_books())
+        return 0;
+    if (norder < 0)
+        return p_has_ctx((int)p);
+    for (int i = 0; i < norder; i++)
+        if ((unsigned)order[i] == p && p_has_ctx(i))
+            return 1;
+    return 0;
+}
+
+static int valid(nvmlDevice_t d)
+{
+    return d && d >= devs && d < devs + ndev;
+}
+
+static void uuid_of(unsigned p, char *out, size_t len)
+{
+    static const unsigned char tmpl[16] = {0xfa, 0x4e, 0x00, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 0};
+    unsigned char b[16];
+    memcpy(b, tmpl, sizeof b);
+    b[3] = b[15] = (unsigned char)p;
+    snprintf(out, len, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0], b[1],
+             b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
 }
 
 EXPORT nvmlReturn_t nvmlInit_v2(void)
 {
     inited = 1;
     return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlInit(void)
+{
+    return nvmlInit_v2();
+}
+
+EXPORT nvmlReturn_t nvmlInitWithFlags(unsigned int flags)
+{
+    (void)flags;
+    return nvmlInit_v2();
 }
 
 EXPORT nvmlReturn_t nvmlShutdown(void)
@@ -50,6 +190,11 @@ EXPORT nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *n)
     return NVML_SUCCESS;
 }
 
+EXPORT nvmlReturn_t nvmlDeviceGetCount(unsigned int *n)
+{
+    return nvmlDeviceGetCount_v2(n);
+}
+
 EXPORT nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int i, nvmlDevice_t *d)
 {
     if (!inited)
@@ -60,31 +205,134 @@ EXPORT nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int i, nvmlDevice_t *
     return NVML_SUCCESS;
 }
 
+EXPORT nvmlReturn_t nvmlDeviceGetHandleByIndex(unsigned int i, nvmlDevice_t *d)
+{
+    return nvmlDeviceGetHandleByIndex_v2(i, d);
+}
+
 EXPORT nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t d, unsigned int *i)
 {
-    if (!d || !i || d < devs || d >= devs + ndev)
+    if (!i || !valid(d))
         return NVML_ERROR_INVALID_ARGUMENT;
     *i = d->index;
     return NVML_SUCCESS;
 }
 
+EXPORT nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t d, char *uuid, unsigned int len)
+{
+    if (!uuid || !valid(d))
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (len < NVML_DEVICE_UUID_ASCII_LEN)
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    uuid_of(d->index, uuid, len);
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *d)
+{
+    char s[NVML_DEVICE_UUID_ASCII_LEN];
+    if (!inited)
+        return NVML_ERROR_UNINITIALIZED;
+    if (!uuid || !d)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    for (unsigned i = 0; i < ndev; i++) {
+        uuid_of(i, s, sizeof s);
+        if (strcmp(s, uuid) == 0) {
+            *d = &devs[i];
+            return NVML_SUCCESS;
+        }
+    }
+    return NVML_ERROR_NOT_FOUND;
+}
+
+/* ---- memory and processes: this process (while it has a context there) and FAKE_NVML_OTHERS ---- */
+static unsigned long long used_on(unsigned p)
+{
+    unsigned long long used = own_bytes(p);
+    for (unsigned i = 0; i < nothers; i++)
+        used += others[i].bytes;
+    return used > total ? total : used;
+}
+
 EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t d, nvmlMemory_t *m)
 {
-    if (!d || !m || d < devs || d >= devs + ndev)
+    if (!m || !valid(d))
         return NVML_ERROR_INVALID_ARGUMENT;
     m->total = total;
-    m->used = 0;
-    m->free = total;
+    m->used = used_on(d->index);
+    m->free = total - m->used;
     return NVML_SUCCESS;
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t d, nvmlMemory_v2_t *m)
 {
-    if (!d || !m || d < devs || d >= devs + ndev)
+    if (!m || !valid(d))
         return NVML_ERROR_INVALID_ARGUMENT;
     m->total = total;
     m->reserved = 0;
-    m->used = 0;
-    m->free = total;
+    m->used = used_on(d->index);
+    m->free = total - m->used;
     return NVML_SUCCESS;
+}
+
+/* NVML's protocol: *count in is the room, out the number there is; too little room (infos may be
+ * NULL with *count == 0 to ask) is INSUFFICIENT_SIZE with the number needed. size picks the
+ * record: the v1 one (pid, usedGpuMemory) or the v2 one (= v3: MIG instance ids as well). */
+static nvmlReturn_t processes(nvmlDevice_t d, unsigned int *count, void *infos, size_t size)
+{
+    unsigned n = 0, need;
+    int own;
+    if (!count || !valid(d))
+        return NVML_ERROR_INVALID_ARGUMENT;
+    own = own_ctx(d->index);
+    need = nothers + (own ? 1u : 0u);
+    if (*count < need) {
+        *count = need;
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    if (need && !infos)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    for (unsigned i = 0; i < need; i++) {
+        unsigned pid;
+        unsigned long long bytes;
+        if (own && i == 0) {
+            pid = (unsigned)((long)getpid() + pid_offset);
+            bytes = own_bytes(d->index);
+        } else {
+            pid = others[i - (own ? 1u : 0u)].pid;
+            bytes = others[i - (own ? 1u : 0u)].bytes;
+        }
+        if (size == sizeof(nvmlProcessInfo_v1_t)) {
+            nvmlProcessInfo_v1_t *r = (nvmlProcessInfo_v1_t *)infos + i;
+            r->pid = pid;
+            r->usedGpuMemory = bytes;
+        } else {
+            nvmlProcessInfo_v2_t *r = (nvmlProcessInfo_v2_t *)infos + i;
+            r->pid = pid;
+            r->usedGpuMemory = bytes;
+            r->gpuInstanceId = 0xFFFFFFFFu; /* no MIG */
+            r->computeInstanceId = 0xFFFFFFFFu;
+        }
+        n++;
+    }
+    *count = n;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t d, unsigned int *count,
+                                                            nvmlProcessInfo_t *infos)
+{
+    return processes(d, count, infos, sizeof *infos);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t d, unsigned int *count,
+                                                            nvmlProcessInfo_v2_t *infos)
+{
+    return processes(d, count, infos, sizeof *infos);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t d, unsigned int *count,
+                                                         nvmlProcessInfo_v1_t *infos)
+{
+    return processes(d, count, infos, sizeof *infos);
 }

@@ -47,10 +47,13 @@ int main(int argc, char **argv)
         printf("alloc_200 %d\n", cuMemAlloc(&p, MB(200)));
         printf("alloc_150 %d\n", cuMemAlloc(&q, MB(150)));
         printf("real %llu\n", fake_used(0) >> 20);
-        CHECK(cuCtxCreate(&c2, NULL, 0, d));       /* a second context: another 100 MiB taken */
-        printf("free_two_ctx %zu\n", free_mb());
+        /* a second context: 100 + 150 + 100 MiB > 256, so it is destroyed again and refused */
+        printf("ctx2_full %d\n", cuCtxCreate(&c2, NULL, 0, d));
         printf("real2 %llu\n", fake_used(0) >> 20);
+        CHECK(cuCtxSetCurrent(c));
         CHECK(cuMemFree(q));
+        CHECK(cuCtxCreate(&c2, NULL, 0, d));      /* now it fits: 200 MiB of contexts */
+        printf("free_two_ctx %zu\n", free_mb());
         CHECK(cuCtxDestroy(c2));
         CHECK(cuCtxSetCurrent(c));
         printf("alloc_after_destroy %d\n", cuMemAlloc(&q, MB(150)));  /* the refusal re-measures */
@@ -105,7 +108,9 @@ def test_context_memory_is_charged(env: Env, namespace: bool) -> None:
     assert r["alloc_200"] == "2"               # would be 300 MiB real under 256
     assert r["alloc_150"] == "0"
     assert int(r["real"]) <= 256               # the truth: what the device gave the process
-    assert r["free_two_ctx"] == "0"            # 100 + 150 + 100 > 256: over, and shown as nothing left
+    assert r["ctx2_full"] == "2"               # a context the container has no room for is refused
+    assert int(r["real2"]) <= 256              # ... and gone again
+    assert r["free_two_ctx"] == "56"           # two contexts of 100 MiB each, under 256
     assert r["alloc_after_destroy"] == "0"     # the destroyed context's 100 MiB came back
     assert int(r["real3"]) <= 256
 
