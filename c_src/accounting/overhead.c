@@ -85,12 +85,13 @@ static nvmlDevice_t nvml_of(int dev)
     pthread_once(&nvml_once, nvml_start);
     if (!nvml_ok)
         return NULL;
-    if (devs[dev].nvml)
-        return devs[dev].nvml;
+    h = __atomic_load_n(&devs[dev].nvml, __ATOMIC_ACQUIRE);
+    if (h)
+        return h;
     /* by UUID: NVML's index is not the container's CUDA ordinal once devices are reordered */
     if (vgpu_dev_uuid(dev, uuid, sizeof uuid) != 0 || REAL(nvmlDeviceGetHandleByUUID)(uuid, &h) != NVML_SUCCESS)
         return NULL;
-    devs[dev].nvml = h;
+    __atomic_store_n(&devs[dev].nvml, h, __ATOMIC_RELEASE); /* racing threads store the same handle */
     return h;
 }
 
@@ -137,7 +138,7 @@ static void set_charge(int dev, uint64_t overhead)
                   "the limit",
                   dev, overhead / MiB);
     s->charged = overhead;
-    s->measured = 1;
+    __atomic_store_n(&s->measured, 1, __ATOMIC_RELAXED);
 }
 
 /* lock held; 1 when the figure is this process's own (NVML per process), 0 for the fallback */
@@ -148,7 +149,7 @@ static int measure(int dev)
     uint64_t before, after, ours, overhead;
     int n, i, seen = 0;
 
-    devs[dev].last_ns = now_ns();
+    __atomic_store_n(&devs[dev].last_ns, now_ns(), __ATOMIC_RELAXED);
     if (!h)
         return 0;
     before = vgpu_budget_mine(dev) - devs[dev].charged;
