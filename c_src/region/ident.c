@@ -76,7 +76,7 @@ VGPU_HIDDEN const vgpu_ident_t *vgpu_ident_self(void)
 
     if (ident_pid != pid) {
         self_ident.pid = pid;
-        self_ident.start = vgpu_proc_starttime(pid);
+        self_ident.start = vgpu_proc_starttime(0);
         self_ident.ns = vgpu_pid_ns();
         self_ident.nonce = fresh_nonce(pid, self_ident.start);
         ident_pid = pid;

@@ -113,7 +113,7 @@ VGPU_HIDDEN void vgpu_region_shadow_reset(void);
 /* 1 when s still is this process's slot in r (cheap: a few loads) */
 VGPU_HIDDEN int vgpu_region_slot_is_self(const vgpu_region_t *r, const vgpu_proc_slot_t *s);
 
-/* our start time in clock ticks since boot (/proc/self/stat field 22), 0 when unknown */
+/* a process's start time in clock ticks since boot (/proc/<pid>/stat field 22; pid 0 = self), 0 when unknown */
 VGPU_HIDDEN uint64_t vgpu_proc_starttime(int pid);
 
 #endif

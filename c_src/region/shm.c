@@ -36,7 +36,7 @@
 static pthread_mutex_t attach_mu = PTHREAD_MUTEX_INITIALIZER;
 static vgpu_region_t *region;
 static vgpu_proc_slot_t *self_slot;
-static int region_fd = -1; /* also the lock's and our liveness byte's descriptor */
+static int region_fd = -1; /* the lock's and our liveness byte's descriptor (never mapped) */
 static int attach_tried;
 static int owner_pid;   /* the pid self_slot belongs to */
 static int forked;      /* set in a fork child: the slot is the parent's, the descriptor closed */
@@ -328,21 +328,43 @@ refuse:
     return 0;
 }
 
+/* The lock and our liveness byte live on a descriptor of their own that is never mapped: a
+ * mapping keeps its open file description alive in every fork child that inherits it, and an
+ * OFD lock lives as long as its description, so a lock on the mapped one would outlive us. */
+static int open_lock_fd(int map_fd, const char *path)
+{
+    struct stat a, b;
+    int fd = open(path, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+
+    if (fd >= 0 && (fstat(fd, &a) != 0 || fstat(map_fd, &b) != 0 || a.st_ino != b.st_ino || a.st_dev != b.st_dev)) {
+        close(fd); /* replaced between our two opens */
+        fd = -1;
+    }
+    return fd;
+}
+
 static int do_attach(const char *path, const vgpu_region_config_t *cfg)
 {
     vgpu_region_t *r;
-    int created, fd;
+    int created, fd, lfd;
 
     fd = open_file(path, &created);
     if (fd < 0)
         return -1;
-    vgpu_region_lock_set_fd(fd);
+    lfd = open_lock_fd(fd, path);
+    if (lfd < 0) {
+        VGPU_WARN("cannot reopen region %s: %s; " PER_PROCESS, path, strerror(errno));
+        close(fd);
+        return -1;
+    }
+    vgpu_region_lock_set_fd(lfd);
     r = open_region(fd, path, cfg);
+    close(fd); /* the mapping keeps what it needs */
     if (!r)
         goto fail_fd;
     if (!created)
         check_config(r, cfg);
-    vgpu_live_hold(fd, vgpu_ident_self()->nonce); /* before the stamp: peers judge us by it */
+    vgpu_live_hold(lfd, vgpu_ident_self()->nonce); /* before the stamp: peers judge us by it */
     vgpu_region_lock();
     vgpu_region_reap(r, 0); /* dead peers' usage out of the monitor's sum; their slots reused first */
     self_slot = vgpu_region_claim_slot(r);
@@ -352,13 +374,13 @@ static int do_attach(const char *path, const vgpu_region_config_t *cfg)
         munmap(r, sizeof *r);
         goto fail_fd;
     }
-    region_fd = fd;
+    region_fd = lfd;
     owner_pid = (int)getpid();
     __atomic_store_n(&region, r, __ATOMIC_RELEASE);
     return 0;
 fail_fd:
     vgpu_region_lock_set_fd(-1);
-    close(fd);
+    close(lfd);
     return -1;
 }
 

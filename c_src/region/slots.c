@@ -27,7 +27,8 @@
 
 #define SANE_BYTES (1ull << 52) /* 4 PiB: more than any device; larger usage is garbage */
 
-/* /proc/<pid>/stat: state (field 3) and starttime (field 22). -1 when unreadable. */
+/* /proc/<pid>/stat (pid 0: /proc/self/stat, right even where /proc is another namespace's):
+ * state (field 3) and starttime (field 22). -1 when unreadable. */
 static int read_stat(int pid, char *state, uint64_t *start)
 {
     char path[64], buf[1024], *p;
@@ -35,7 +36,10 @@ static int read_stat(int pid, char *state, uint64_t *start)
     ssize_t n;
     int fd, field;
 
-    snprintf(path, sizeof path, "/proc/%d/stat", pid);
+    if (pid)
+        snprintf(path, sizeof path, "/proc/%d/stat", pid);
+    else
+        snprintf(path, sizeof path, "/proc/self/stat");
     fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
         return -1;
