@@ -119,7 +119,7 @@ static int attach(void)
         r->initialized_flag = VGPU_REGION_MAGIC;
     }
     lock();
-    if (!mine()) {
+    {
         int i, took = 0;
         for (i = 0; i < r->proc_num && !took; i++)
             if (r->procs[i].pid == getpid()) { /* its own pid: taken over in place */
