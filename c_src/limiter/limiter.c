@@ -54,7 +54,7 @@
 #include "region/region.h"
 
 #define RING 64
-#define SAMPLE 8                 /* one launch in SAMPLE is measured (a power of two) */
+#define SAMPLE 32                /* one launch in SAMPLE is measured (a power of two) */
 #define HARVEST_NS 2000000ll     /* 2 ms between harvests */
 #define BURST_NS 20000000ll      /* at most 20 ms of GPU time banked */
 #define MAX_SLEEP_NS 500000000ll /* one sleep never exceeds 0.5 s (the debt carries over) */
@@ -143,19 +143,31 @@ __attribute__((constructor)) static void limiter_ctor(void)
     vgpu_limiter_load_env(); /* env only: no driver, no thread */
 }
 
-VGPU_HIDDEN int vgpu_limiter_percent(int dev)
+/* the stricter of the region's percent (0 or >= 100: none) and the env's */
+static long long percent_in(const vgpu_region_t *r, int dev)
 {
-    vgpu_region_t *r = vgpu_region_get();
+    uint64_t v = r ? __atomic_load_n(&r->sm_limit[dev], __ATOMIC_RELAXED) : 0;
+    long long reg = v >= 100 ? 0 : (long long)v, env = env_percent[dev];
+    return (!reg || (env && env < reg)) ? env : reg;
+}
+
+static int percent_of(const vgpu_region_t *r, int dev)
+{
     long long pct;
 
     if (dev < 0 || dev >= VGPU_MAX_DEVICES || policy == VGPU_POLICY_DISABLE)
         return 0;
-    pct = r ? (long long)vgpu_region_sm_limit(dev) : env_percent[dev];
+    pct = percent_in(r, dev);
     if (pct <= 0 || pct >= 100)
         return 0;
     if (policy == VGPU_POLICY_DEFAULT && r && !__atomic_load_n(&r->utilization_switch, __ATOMIC_RELAXED))
         return 0; /* the monitor says the device is not contended */
     return (int)pct;
+}
+
+VGPU_HIDDEN int vgpu_limiter_percent(int dev)
+{
+    return percent_of(vgpu_region_get(), dev);
 }
 
 static void init_states(void)
@@ -381,7 +393,9 @@ static unsigned next_rand(void)
     return rng = x ? x : 1;
 }
 
-static void throttle(CUstream stream, int graph)
+static int states_ready;
+
+static void throttle(const vgpu_region_t *r, CUstream stream, int graph)
 {
     CUdevice dev = 0;
     CUstreamCaptureStatus cap = CU_STREAM_CAPTURE_STATUS_NONE;
@@ -392,10 +406,13 @@ static void throttle(CUstream stream, int graph)
     if (!load_ops() || (!one_device && (ops.ctx_get_device(&dev) != CUDA_SUCCESS || dev < 0 ||
                                         dev >= VGPU_MAX_DEVICES)))
         return;
-    pct = vgpu_limiter_percent(dev);
+    pct = percent_of(r, dev);
     if (!pct)
         return;
-    pthread_once(&state_once, init_states);
+    if (VGPU_UNLIKELY(!__atomic_load_n(&states_ready, __ATOMIC_ACQUIRE))) {
+        pthread_once(&state_once, init_states);
+        __atomic_store_n(&states_ready, 1, __ATOMIC_RELEASE);
+    }
     st = &dev_state[dev];
     est = __atomic_load_n(&st->est_ns[graph], __ATOMIC_RELAXED);
     measure = est < 0 || !st->ready || (next_rand() & (SAMPLE - 1)) == 0;
@@ -432,7 +449,7 @@ VGPU_HIDDEN void vgpu_limiter_before_launch(CUstream stream, int graph)
     if (r)
         signals(r);
     if (throttles)
-        throttle(stream, graph ? 1 : 0);
+        throttle(r, stream, graph ? 1 : 0);
 }
 
 VGPU_HIDDEN void vgpu_limiter_after_launch(CUstream stream)
