@@ -69,20 +69,26 @@ static uint64_t fresh_nonce(int pid, uint64_t start)
     return n ? n : 1;
 }
 
-/* recomputed when the pid changes (a fork child gets its own identity) */
+/* computed once per process image; a fork child gets its own (vgpu_ident_reset from atfork):
+ * no getpid() syscall on every allocation */
 VGPU_HIDDEN const vgpu_ident_t *vgpu_ident_self(void)
 {
-    int pid = (int)getpid();
-
-    if (ident_pid != pid) {
+    if (VGPU_UNLIKELY(!__atomic_load_n(&ident_pid, __ATOMIC_ACQUIRE))) {
+        int pid = (int)getpid();
         self_ident.pid = pid;
         self_ident.start = vgpu_proc_starttime(0);
         self_ident.ns = vgpu_pid_ns();
         self_ident.nonce = fresh_nonce(pid, self_ident.start);
-        ident_pid = pid;
         ident_held = 0;
+        __atomic_store_n(&ident_pid, pid, __ATOMIC_RELEASE);
     }
     return &self_ident;
+}
+
+VGPU_HIDDEN void vgpu_ident_reset(void)
+{
+    ident_pid = 0;
+    ident_held = 0;
 }
 
 static uint64_t check_word(int pid, uint64_t start, uint64_t ns, uint64_t nonce)

@@ -63,6 +63,7 @@ typedef struct {
     uint64_t nonce; /* random per process image; names the liveness byte */
 } vgpu_ident_t;
 VGPU_HIDDEN const vgpu_ident_t *vgpu_ident_self(void);
+VGPU_HIDDEN void vgpu_ident_reset(void); /* fork child: a new identity on next use */
 VGPU_HIDDEN uint64_t vgpu_pid_ns(void);
 VGPU_HIDDEN void vgpu_stamp_write(vgpu_proc_slot_t *s, const vgpu_ident_t *id);
 VGPU_HIDDEN void vgpu_stamp_clear(vgpu_proc_slot_t *s);

@@ -72,6 +72,7 @@ static void atfork_child(void)
     vgpu_region_lock_atfork_child(); /* closes our copy of the parent's descriptor, now */
     region_fd = -1;
     vgpu_region_shadow_reset(); /* the parent's allocations are not the child's */
+    vgpu_ident_reset();
     pthread_mutex_t fresh = PTHREAD_MUTEX_INITIALIZER;
     attach_mu = fresh;
 }
