@@ -272,7 +272,7 @@ static vgpu_region_t *create_locked(int fd, const char *path, const vgpu_region_
         return 0;
     fresh = st.st_size == 0;
     /* never truncate or reinitialise a file someone else filled: it may not be ours at all */
-    if (!fresh && st.st_size != (off_t)sizeof(vgpu_region_t)) {
+    if (!fresh && st.st_size < (off_t)sizeof(vgpu_region_t)) {
         VGPU_WARN("region %s has %lld bytes, layout 1.2 needs %zu; remove it when no process uses it", path,
                   (long long)st.st_size, sizeof(vgpu_region_t));
         return 0;
@@ -294,14 +294,11 @@ static vgpu_region_t *open_region(int fd, const char *path, const vgpu_region_co
         return 0;
     file_dev = (uint64_t)st.st_dev;
     file_ino = (uint64_t)st.st_ino;
-    if (st.st_size == (off_t)sizeof(vgpu_region_t)) {
-        /* the common case, no lock: an initialised file; still make sure it is backed */
+    if (st.st_size >= (off_t)sizeof(vgpu_region_t)) {
+        /* the common case, no lock: an initialised file (a writer may have rounded its size up);
+         * still make sure the part we map is backed */
         if (allocate(fd, path, 0) != 0 || !(r = map_file(fd, path)))
             return 0;
-    } else if (st.st_size > (off_t)sizeof(vgpu_region_t)) {
-        VGPU_WARN("region %s has %lld bytes, layout 1.2 needs %zu; " PER_PROCESS, path, (long long)st.st_size,
-                  sizeof(vgpu_region_t));
-        return 0;
     }
     if (!r || !has_magic(r)) {
         if (r) {

@@ -112,3 +112,42 @@ def test_stamp_words_are_checked(region_tool: Path, region_env: dict) -> None:
         assert out == ["attach ok", "reserve refused", "reserve ok"]
     finally:
         a.release()
+
+
+def _shim_in_ns(shim_env, cache: Path, body: str, **env: str) -> subprocess.Popen:
+    import sys
+    import textwrap
+
+    from shim.harness import CDEF, PRELUDE
+
+    code = (f"CDEF = {CDEF!r}\n" + PRELUDE + "\ndef wait():\n    sys.stdin.readline()\n" + textwrap.dedent(body))
+    e = shim_env.base_env({"CUDA_DEVICE_MEMORY_SHARED_CACHE": str(cache), **env})
+    return subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc", "--kill-child", sys.executable, "-c", code],
+                            env=e, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+@needs_ns
+def test_shim_container_restart_gets_its_whole_limit_back(shim_env, tmp_path: Path) -> None:
+    """The issue's measurement with the real shim: 90 MiB held by a SIGKILLed pid 1, the restarted
+    container's pid 1 must get all of its 100 MiB (it got 10 before)."""
+    from regiontools import result_line
+
+    cache = tmp_path / "cache"
+    body = """
+shim.cuInit(0)
+ctx_on(0)
+emit(rcs=[alloc(int(s) * MiB)[0] for s in os.environ["T_SIZES"].split(",")], pid=os.getpid())
+wait()
+"""
+    env = {"CUDA_DEVICE_MEMORY_LIMIT": "100m", "FAKE_CUDA_DEVICES": "1"}
+    first = _shim_in_ns(shim_env, cache, body, T_SIZES="90", **env)
+    assert result_line(first) == {"rcs": [0], "pid": 1}
+    first.kill()
+    first.wait(timeout=30)
+    time.sleep(0.2)
+    assert R.read_region(cache).used(0) == 90 * MiB  # still counted: nobody has reaped it yet
+    second = _shim_in_ns(shim_env, cache, body, T_SIZES="100", **env)
+    try:
+        assert result_line(second) == {"rcs": [0], "pid": 1}
+    finally:
+        second.communicate("\n", timeout=60)
