@@ -74,6 +74,32 @@ static int clamp_procs(int n)
     return n < 0 ? 0 : n > VGPU_MAX_PROCS ? VGPU_MAX_PROCS : n;
 }
 
+/* processes (pid, start time) already seen mapping the region: a limit-bound loop of failing
+ * reservations reaps again and again, and must not re-read a big process's maps every time */
+#define KNOWN_USERS 32
+static struct {
+    int pid;
+    uint64_t start;
+} known[KNOWN_USERS];
+static unsigned known_next;
+
+static int known_user(int pid, uint64_t start)
+{
+    int i;
+    for (i = 0; i < KNOWN_USERS; i++)
+        if (__atomic_load_n(&known[i].pid, __ATOMIC_RELAXED) == pid &&
+            __atomic_load_n(&known[i].start, __ATOMIC_RELAXED) == start)
+            return 1;
+    return 0;
+}
+
+static void remember_user(int pid, uint64_t start)
+{
+    unsigned i = __atomic_fetch_add(&known_next, 1, __ATOMIC_RELAXED) % KNOWN_USERS;
+    __atomic_store_n(&known[i].start, start, __ATOMIC_RELAXED);
+    __atomic_store_n(&known[i].pid, pid, __ATOMIC_RELAXED);
+}
+
 /* does a live process with this pid in our namespace use the region? 1 yes, 0 no.
  * `want_start` != 0: only a process with that start time counts. */
 static int pid_user_alive(int pid, uint64_t want_start, int thorough)
@@ -93,8 +119,13 @@ static int pid_user_alive(int pid, uint64_t want_start, int thorough)
     if (!thorough && !want_start)
         return 1;
     /* the pid exists but may be any process: only one that maps the region is a user */
+    if (known_user(pid, start))
+        return 1;
     vgpu_region_file_id(&dev, &ino, &path);
-    return vgpu_proc_maps_file(pid, dev, ino, path) != 0;
+    if (vgpu_proc_maps_file(pid, dev, ino, path) == 0)
+        return 0;
+    remember_user(pid, start);
+    return 1;
 }
 
 VGPU_HIDDEN int vgpu_region_slot_alive(const vgpu_proc_slot_t *s, int thorough)
