@@ -132,3 +132,13 @@ def test_c_and_python_agree_on_sm_limits(c_parse, text: str) -> None:
 def test_long_digit_strings_agree(c_parse, zeros: int, tail: str) -> None:
     text = "0" * zeros + tail
     assert c_parse(text) == py_parse(text)
+
+
+def test_sm_limits_from_env_maps_none_like_the_shim() -> None:
+    from vgpu_patch.limits import sm_limits_from_env
+
+    got = sm_limits_from_env({"CUDA_DEVICE_SM_LIMIT": "100", "CUDA_DEVICE_SM_LIMIT_1": "30",
+                              "CUDA_DEVICE_SM_LIMIT_2": "0", "CUDA_DEVICE_SM_LIMIT_3": "150"})
+    assert (got[0], got[1], got[2], got[3], got[15]) == (0, 30, 0, 0, 0)
+    with pytest.raises(LimitParseError, match="CUDA_DEVICE_SM_LIMIT_4='50%'"):
+        sm_limits_from_env({"CUDA_DEVICE_SM_LIMIT_4": "50%"})
