@@ -3,11 +3,7 @@
  * charges an estimate or (one launch in 8) brackets the launch with events to measure it. */
 #include <cuda.h>
 
-#if __has_include("driver/real.h") /* the driver table's home after the layer move on main */
-#include "driver/real.h"
-#else
 #include "interpose/real.h"
-#endif
 #include "limiter/limiter.h"
 
 #define LIMITED_LAUNCH_KIND(stream, graph, call) \

@@ -1,11 +1,7 @@
 /* The limiter's driver calls, from the real libcuda. Event and capture-query entry points are not
  * part of the interposed surface, so they are looked up directly (optional: a driver without them
  * leaves the limiter off rather than failing launches). */
-#if __has_include("driver/real.h") /* the driver table's home after the layer move on main */
-#include "driver/real.h"
-#else
 #include "interpose/real.h"
-#endif
 #include "limiter/limiter_int.h"
 
 static void *sym(const char *name)
