@@ -105,6 +105,9 @@ VGPU_HIDDEN int vgpu_region_reserve_kind(int dev, uint64_t bytes, int kind);
 /* lock-free: atomic subtract on our slot (saturates at 0) */
 VGPU_HIDDEN void vgpu_region_release(int dev, uint64_t bytes);
 VGPU_HIDDEN void vgpu_region_release_kind(int dev, uint64_t bytes, int kind);
+/* add / subtract on our own slot (s = vgpu_region_self()) without a limit check; our shadow follows */
+VGPU_HIDDEN void vgpu_slot_add(vgpu_proc_slot_t *s, int dev, uint64_t bytes);
+VGPU_HIDDEN void vgpu_slot_sub(vgpu_proc_slot_t *s, int dev, uint64_t bytes);
 /* what this process has counted on dev (its private shadow of its slot's total) */
 VGPU_HIDDEN uint64_t vgpu_region_self_used(int dev);
 /* internal to region/: our slot is gone or moved: find it again or claim a new one, rewrite it

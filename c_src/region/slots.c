@@ -401,13 +401,17 @@ static void shadow_sub(int dev, int kind, uint64_t bytes)
     sub_saturating(&shadow[dev][3], bytes);
 }
 
+/* for callers outside region/ that charge our own slot directly (accounting's forced charges):
+ * the shadow follows, so a relocation after a vendor compaction keeps these bytes too */
 VGPU_HIDDEN void vgpu_slot_add(vgpu_proc_slot_t *s, int dev, uint64_t bytes)
 {
+    shadow_add(dev, VGPU_USE_DATA, bytes);
     slot_add(s, dev, VGPU_USE_DATA, bytes, __ATOMIC_RELAXED);
 }
 
 VGPU_HIDDEN void vgpu_slot_sub(vgpu_proc_slot_t *s, int dev, uint64_t bytes)
 {
+    shadow_sub(dev, VGPU_USE_DATA, bytes);
     slot_sub(s, dev, VGPU_USE_DATA, bytes);
 }
 

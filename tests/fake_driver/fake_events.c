@@ -11,7 +11,8 @@
 #undef cuEventElapsedTime /* cuda.h maps it to _v2 (CUDA 13); the fake has both spellings */
 #undef cuEventDestroy
 
-#define EXPORT __attribute__((visibility("default")))
+/* weak: where fake_cuda.c defines one of these itself, its definition wins (no duplicate symbol) */
+#define EXPORT __attribute__((visibility("default"), weak))
 
 #define EV_COUNTED(X) \
     X(cuEventCreate) X(cuEventRecord) X(cuEventQuery) X(cuEventSynchronize) X(cuEventElapsedTime) \
@@ -33,7 +34,7 @@ static unsigned long ev_counts[NEV];
 
 EXPORT unsigned long fake_event_calls(const char *name)
 {
-    unsigned long sum = 0;
+    unsigned long sum = 0; /* "*" (all of them) or one name; 0 for a name not counted here */
     for (int i = 0; i < NEV; i++) {
         if (!strcmp(name, "*"))
             sum += __atomic_load_n(&ev_counts[i], __ATOMIC_RELAXED);
