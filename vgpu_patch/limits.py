@@ -15,6 +15,17 @@ UINT64_MAX = (1 << 64) - 1
 _SHIFT = {"k": 10, "m": 20, "g": 30, "t": 40}
 # [0-9] and explicit ASCII letters: `\d` and re.IGNORECASE would accept non-ASCII digits and the Kelvin sign
 _GRAMMAR = re.compile(r"([0-9]+)([kmgtKMGT]?)([iI]?)([bB]?)")
+_SM_GRAMMAR = re.compile(r"[0-9]+")
+
+
+def _number(digits: str) -> int | None:
+    """The value of an ASCII digit string, None when it does not fit in 64 bits. Never calls int() on
+    more than 20 digits (Python refuses 4301+ digit strings; C accepts any run of leading zeros)."""
+    digits = digits.lstrip("0") or "0"
+    if len(digits) > 20:
+        return None
+    value = int(digits)
+    return value if value <= UINT64_MAX else None
 
 
 def parse_limit(text: str, *, name: str = "limit") -> int:
@@ -23,11 +34,35 @@ def parse_limit(text: str, *, name: str = "limit") -> int:
     if not m:
         raise LimitParseError(
             f"invalid {name}={text!r}: expected <number>[k|m|g|t][i][b], e.g. 4g or 4096m; fix the value")
-    value = int(m.group(1))
+    value = _number(m.group(1))
     shift = _SHIFT.get(m.group(2).lower(), 0)
-    if value > UINT64_MAX >> shift:
+    if value is None or value > UINT64_MAX >> shift:
         raise LimitParseError(f"invalid {name}={text!r}: number too large for 64 bits; fix the value")
     return value << shift
+
+
+def parse_sm_limit(text: str, *, name: str = "CUDA_DEVICE_SM_LIMIT") -> int:
+    """The percent as written (decimal digits only: no sign, space, `%` or unit); the shim maps 0 and
+    >= 100 to "no SM limit". LimitParseError naming `name` when malformed (the shim then fails closed)."""
+    value = _number(text) if _SM_GRAMMAR.fullmatch(text) else None
+    if value is None:
+        why = "number too large for 64 bits" if _SM_GRAMMAR.fullmatch(text) else \
+            "expected a whole percent in decimal digits (no sign, space or %), e.g. 50"
+        raise LimitParseError(f"invalid {name}={text!r}: {why}; fix the value")
+    return value
+
+
+def sm_limits_from_env(env: dict[str, str], max_devices: int = 16) -> dict[int, int]:
+    """Per-device SM percent as the shim applies it: CUDA_DEVICE_SM_LIMIT_<i>, else CUDA_DEVICE_SM_LIMIT;
+    0 = no SM limit (unset, 0 or >= 100)."""
+    raw = env.get("CUDA_DEVICE_SM_LIMIT")
+    fallback = parse_sm_limit(raw) if raw is not None else 0
+    out = {}
+    for i in range(max_devices):
+        var = f"CUDA_DEVICE_SM_LIMIT_{i}"
+        v = parse_sm_limit(env[var], name=var) if var in env else fallback
+        out[i] = 0 if v >= 100 else v
+    return out
 
 
 def format_limit(nbytes: int) -> str:

@@ -76,6 +76,10 @@ class ProcSlot:
     sm_util: list[int]
     starttime: int  # our shim's owner start time (slot unused[0]); 0 when written by the vendor
     pid_ns: int = 0  # our shim's owner pid-namespace inode (slot unused[1]); 0 from the vendor
+    # our shim's stamp check word and nonce (used[0].unused[0..1]): the words above are trusted only
+    # when the check matches (c_src/region/ident.c); vendor writers never write any of them
+    stamp_check: int = 0
+    nonce: int = 0
 
     @property
     def status_name(self) -> str:
@@ -152,7 +156,9 @@ def _decode_slot(buf: bytes, i: int) -> ProcSlot:
     util_base = base + SLOT_FIELDS["device_util"][0]
     used = [_get(buf, used_base + d * MEMORY_SIZE + MEMORY_FIELDS["total"], "<Q") for d in range(MAX_DEVICES)]
     sm = [_get(buf, util_base + d * UTIL_SIZE + UTIL_FIELDS["sm_util"], "<Q") for d in range(MAX_DEVICES)]
-    return ProcSlot(i, s["pid"], s["hostpid"], s["status"], s["seqlock"], used, sm, s["unused"][0], s["unused"][1])
+    stamp = _get(buf, used_base + MEMORY_FIELDS["unused"], "<2Q")
+    return ProcSlot(i, s["pid"], s["hostpid"], s["status"], s["seqlock"], used, sm, s["unused"][0], s["unused"][1],
+                    stamp[0], stamp[1])
 
 
 def decode(buf: bytes, path: str = "<bytes>") -> Region:
@@ -218,6 +224,8 @@ class SlotSpec:
     sm_util: dict[int, int] = field(default_factory=dict)
     starttime: int = 0
     pid_ns: int = 0
+    stamp_check: int = 0  # used[0].unused[0]
+    nonce: int = 0  # used[0].unused[1]
 
 
 def encode(
@@ -266,6 +274,7 @@ def encode(
             put(base + SLOT_FIELDS["device_util"][0] + d * UTIL_SIZE + UTIL_FIELDS["sm_util"], "<Q", u)
         put(base + SLOT_FIELDS["status"][0], "<i", spec.status)
         put(base + SLOT_FIELDS["unused"][0], "<QQ", spec.starttime, spec.pid_ns)
+        put(base + 8 + MEMORY_FIELDS["unused"], "<QQ", spec.stamp_check, spec.nonce)
     put(REGION_FIELDS["proc_num"][0], "<i", len(procs or []))
     put(REGION_FIELDS["utilization_switch"][0], "<i", utilization_switch)
     put(REGION_FIELDS["recent_kernel"][0], "<i", recent_kernel)

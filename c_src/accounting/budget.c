@@ -85,7 +85,8 @@ VGPU_HIDDEN uint64_t vgpu_budget_limit(int dev)
     if (!in_range(dev))
         return 0;
     r = region();
-    return r ? __atomic_load_n(&r->limit[dev], __ATOMIC_RELAXED) : vgpu_limits_env(dev);
+    /* issue-11: the stricter of region and env (a foreign region's 0 never lifts an env limit) */
+    return r ? vgpu_region_limit(dev) : vgpu_limits_env(dev);
 }
 
 static int local_reserve(int dev, uint64_t bytes)

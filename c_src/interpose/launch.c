@@ -1,20 +1,22 @@
-/* Kernel and graph launches: the only work added is one predictable branch (before and after the
- * real call) for the SM limiter, which brackets the launch with events to measure its GPU time. */
+/* Kernel and graph launches: one predictable branch before and after the real call into the
+ * limiter (limiter/limiter.c): the monitor's hold and kernel-time stamp, and the SM limiter, which
+ * charges an estimate or (one launch in 8) brackets the launch with events to measure it. */
 #include <cuda.h>
 
 #include "driver/real.h"
 #include "limiter/limiter.h"
 
-#define LIMITED_LAUNCH(stream, call) \
+#define LIMITED_LAUNCH_KIND(stream, graph, call) \
     do { \
         CUresult rc_; \
         if (__builtin_expect(vgpu_limiter_enabled, 0)) \
-            vgpu_limiter_before_launch(stream); \
+            vgpu_limiter_before_launch(stream, graph); \
         rc_ = (call); \
         if (__builtin_expect(vgpu_limiter_enabled, 0)) \
             vgpu_limiter_after_launch(stream); \
         return rc_; \
     } while (0)
+#define LIMITED_LAUNCH(stream, call) LIMITED_LAUNCH_KIND(stream, 0, call)
 
 #define LAUNCH_KERNEL_PARAMS \
     CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx, unsigned int by, \
@@ -69,12 +71,12 @@ VGPU_HIDDEN CUresult vgpu_own_cuLaunchCooperativeKernel_ptsz(COOP_PARAMS)
 VGPU_EXPORT CUresult cuGraphLaunch(CUgraphExec g, CUstream s)
 {
     __typeof__(&cuGraphLaunch) real = REAL(cuGraphLaunch);
-    LIMITED_LAUNCH(s, real(g, s));
+    LIMITED_LAUNCH_KIND(s, 1, real(g, s));
 }
 VGPU_OWN_ALIAS(cuGraphLaunch)
 
 VGPU_HIDDEN CUresult vgpu_own_cuGraphLaunch_ptsz(CUgraphExec g, CUstream s)
 {
     __typeof__(&cuGraphLaunch) real = vgpu_var_fn(VGPU_VAR_cuGraphLaunch_ptsz);
-    LIMITED_LAUNCH(s, real(g, s));
+    LIMITED_LAUNCH_KIND(s, 1, real(g, s));
 }

@@ -1,18 +1,26 @@
-/* === LIMITER: the SM (compute) limiter, CUDA_DEVICE_SM_LIMIT[_<i>] percent of GPU time.
+/* === LIMITER: the SM (compute) limiter, CUDA_DEVICE_SM_LIMIT[_<i>] percent of GPU time, and the
+ * monitor's launch signals.
  *
- * No thread, and nothing at all on launches when no SM limit is set: vgpu_limiter_enabled stays 0
- * and the launch wrappers only test it. With a limit, every kernel, cooperative, Ex and graph
- * launch passes through vgpu_limiter_before_launch():
+ * Every kernel, cooperative, Ex and graph launch passes through vgpu_limiter_before_launch(). No
+ * thread. Without a region and without an SM limit it returns at once; with a region it does the
+ * monitor's part (below, no driver call); with an SM limit it throttles:
  *
- * 1. Measure. Two events bracket each launch on its stream (before_launch / after_launch);
- *    their elapsed GPU time is what that launch occupied the stream: its start is when the work
- *    queued before it finished (or when it was launched, on an idle stream), its end when it
- *    finished. CPU time between launches and idle gaps are never charged.
+ * 1. Measure, by sampling. One launch in SAMPLE (and every launch until the first measurement) is
+ *    bracketed by two events on its stream (before_launch / after_launch); their elapsed GPU time
+ *    is what that launch occupied the stream: its start is when the work queued before it finished
+ *    (or when it was launched, on an idle stream), its end when it finished. CPU time between
+ *    launches and idle gaps are never charged. The measured launches keep a running estimate of
+ *    one launch's GPU time per launch kind (kernel, graph); every other launch is charged that
+ *    estimate when it is made, with no driver call at all.
  * 2. Budget. A token bucket per device fills at pct% of wall time (capped at BURST_NS) and is
- *    drained by the measured launches, harvested at most every HARVEST_NS.
+ *    drained by the charges; measured pairs are harvested at most every HARVEST_NS.
  * 3. Throttle. In debt, the launching thread sleeps until the bucket is back at zero, holding
  *    the device's launch lock so that other launching threads wait too (the debt is paid once). The
- *    ring of RING event pairs bounds how far the CPU may run ahead of the GPU.
+ *    ring of RING event pairs bounds how far the CPU may run ahead of the GPU while measuring.
+ * Driver calls per throttled launch, on average: (SAMPLE-1)/SAMPLE launches make none (one
+ * cuCtxGetDevice when the process sees more than one device); a sampled one makes
+ * cuStreamIsCapturing, cuCtxGetCurrent, two cuEventRecord, and at harvest cuEventQuery and
+ * cuEventElapsedTime: 6/SAMPLE = 0.75 per launch (bench/limiter_launch.py counts them).
  *
  * Over any few hundred milliseconds the process gets pct% of the device's time, so a
  * compute-bound loop runs at pct% of its unthrottled throughput (tests/region/test_limiter.py
@@ -21,9 +29,19 @@
  *
  * Policy: GPU_CORE_UTILIZATION_POLICY=force always throttles, =disable never; otherwise we follow
  * the monitor's utilization_switch in the region (it lifts throttling when the GPU is not
- * contended). The region's sm_limit wins over this process's env (region.c warns on a mismatch).
- * While throttling we stamp recent_kernel/last_kernel_time for the monitor's priority logic and
- * report the measured share of GPU time in our slot's device_util[dev].sm_util. */
+ * contended). The stricter of the region's sm_limit and this process's env applies (a region's
+ * 0 or 100 means none).
+ *
+ * The monitor's signals (whenever a region is attached, with or without an SM limit):
+ * - recent_kernel < 0 means "hold back" (HAMi's monitor writes -1 into a lower-priority task's
+ *   region while a higher-priority one is busy): launches wait in a sleep loop (1 ms growing to
+ *   20 ms) until it is >= 0 again, at most MAX_HOLD_NS per launch (a monitor that died holding us
+ *   slows us to one launch per MAX_HOLD_NS, with one warning, rather than hanging forever).
+ *   Not with GPU_CORE_UTILIZATION_POLICY=disable, and never for a priority-0 (high) task.
+ * - last_kernel_time (seconds) is written on launches at most once a second (and at creation,
+ *   region/shm.c), and recent_kernel is marked RECENT_KERNEL_MARK unless the monitor made it
+ *   negative, which we never overwrite.
+ * We report the measured share of GPU time in our slot's device_util[dev].sm_util. */
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,47 +54,62 @@
 #include "region/region.h"
 
 #define RING 64
+#define SAMPLE 32                /* one launch in SAMPLE is measured (a power of two) */
 #define HARVEST_NS 2000000ll     /* 2 ms between harvests */
 #define BURST_NS 20000000ll      /* at most 20 ms of GPU time banked */
 #define MAX_SLEEP_NS 500000000ll /* one sleep never exceeds 0.5 s (the debt carries over) */
-#define RECENT_KERNEL_MARK 2     /* "launched recently", decayed by the monitor */
+#define MAX_HOLD_NS 30000000000ll
+#define RECENT_KERNEL_MARK 2 /* "launched recently", for the monitor */
 
 VGPU_HIDDEN int vgpu_limiter_enabled = 0;
 
 struct pair {
     CUevent start, end;
-    int done; /* end recorded: the pair can be harvested once `end` completes */
+    int done;  /* end recorded: the pair can be harvested once `end` completes */
+    int graph; /* which estimate it feeds */
 };
 
 struct dev_state {
-    pthread_mutex_t throttle_mu; /* launching threads of this device, one at a time */
-    pthread_mutex_t mu;          /* the ring and the bucket */
-    CUcontext ctx; /* the context our events belong to */
+    pthread_mutex_t throttle_mu; /* launching threads of this device, one at a time when in debt */
+    pthread_mutex_t mu;          /* the ring and the bucket's refill */
+    CUcontext ctx;               /* the context our events belong to */
     struct pair ring[RING];
-    int ready;             /* events created */
-    unsigned head, tail;   /* pairs in flight are [tail, head) */
-    long long tokens_ns;
+    int ready;           /* events created */
+    unsigned head, tail; /* pairs in flight are [tail, head) */
+    long long tokens_ns; /* atomic: drained lock-free by estimated launches */
     long long last_refill_ns;
-    long long next_harvest_ns;
-    long long last_stamp_s;
-    long long charged_ns;  /* GPU time harvested since the last utilisation report */
+    long long next_harvest_ns; /* atomic read on the fast path */
+    long long charged_ns;      /* atomic: GPU time charged since the last utilisation report */
     long long window_start_ns;
+    long long est_ns[2]; /* atomic: one launch's GPU time, kernel / graph; < 0 = not measured yet */
 };
 
 static struct dev_state dev_state[VGPU_MAX_DEVICES];
 static int env_percent[VGPU_MAX_DEVICES];
+static int throttles; /* some env SM limit and a policy that may throttle */
 static int policy;
 static vgpu_limiter_ops_t ops;
 static int ops_state; /* 0 unknown, 1 loaded, -1 missing */
+static int one_device = -1; /* 1: the process sees one device, so a launch is on device 0 */
 static pthread_once_t state_once = PTHREAD_ONCE_INIT;
+static long long last_stamp_s;
+static int warned_hold;
 /* the pair this thread opened in before_launch, closed by after_launch; -1 none */
 static __thread int open_dev = -1;
 static __thread unsigned open_slot;
+static __thread unsigned rng;
 
 static long long now_ns(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long)ts.tv_sec * 1000000000ll + ts.tv_nsec;
+}
+
+static long long coarse_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
     return (long long)ts.tv_sec * 1000000000ll + ts.tv_nsec;
 }
 
@@ -94,7 +127,15 @@ VGPU_HIDDEN void vgpu_limiter_load_env(void)
         env_percent[d] = (int)vgpu_env_sm_limit(d);
         any |= env_percent[d] > 0;
     }
-    __atomic_store_n(&vgpu_limiter_enabled, any && policy != VGPU_POLICY_DISABLE, __ATOMIC_RELAXED);
+    throttles = any && policy != VGPU_POLICY_DISABLE;
+    /* the hook also serves the monitor's signals, so it is always on; without a region and an SM
+     * limit it costs one call and two loads per launch */
+    __atomic_store_n(&vgpu_limiter_enabled, 1, __ATOMIC_RELAXED);
+}
+
+VGPU_HIDDEN int vgpu_limiter_throttles(void)
+{
+    return throttles;
 }
 
 __attribute__((constructor)) static void limiter_ctor(void)
@@ -102,19 +143,31 @@ __attribute__((constructor)) static void limiter_ctor(void)
     vgpu_limiter_load_env(); /* env only: no driver, no thread */
 }
 
-VGPU_HIDDEN int vgpu_limiter_percent(int dev)
+/* the stricter of the region's percent (0 or >= 100: none) and the env's */
+static long long percent_in(const vgpu_region_t *r, int dev)
 {
-    vgpu_region_t *r = vgpu_region_get();
+    uint64_t v = r ? __atomic_load_n(&r->sm_limit[dev], __ATOMIC_RELAXED) : 0;
+    long long reg = v >= 100 ? 0 : (long long)v, env = env_percent[dev];
+    return (!reg || (env && env < reg)) ? env : reg;
+}
+
+static int percent_of(const vgpu_region_t *r, int dev)
+{
     long long pct;
 
     if (dev < 0 || dev >= VGPU_MAX_DEVICES || policy == VGPU_POLICY_DISABLE)
         return 0;
-    pct = r ? (long long)__atomic_load_n(&r->sm_limit[dev], __ATOMIC_RELAXED) : env_percent[dev];
+    pct = percent_in(r, dev);
     if (pct <= 0 || pct >= 100)
         return 0;
     if (policy == VGPU_POLICY_DEFAULT && r && !__atomic_load_n(&r->utilization_switch, __ATOMIC_RELAXED))
         return 0; /* the monitor says the device is not contended */
     return (int)pct;
+}
+
+VGPU_HIDDEN int vgpu_limiter_percent(int dev)
+{
+    return percent_of(vgpu_region_get(), dev);
 }
 
 static void init_states(void)
@@ -123,20 +176,81 @@ static void init_states(void)
     for (d = 0; d < VGPU_MAX_DEVICES; d++) {
         pthread_mutex_init(&dev_state[d].throttle_mu, 0);
         pthread_mutex_init(&dev_state[d].mu, 0);
+        dev_state[d].est_ns[0] = dev_state[d].est_ns[1] = -1;
     }
 }
 
 static int load_ops(void)
 {
-    int s = __atomic_load_n(&ops_state, __ATOMIC_ACQUIRE);
+    int s = __atomic_load_n(&ops_state, __ATOMIC_ACQUIRE), n = 0;
     if (s)
         return s > 0;
     s = vgpu_limiter_ops_load(&ops) == 0 ? 1 : -1;
     if (s < 0)
         VGPU_WARN("SM limit set but the driver lacks the event entry points; launches are not throttled");
+    else
+        one_device = ops.device_count(&n) == CUDA_SUCCESS && n == 1;
     __atomic_store_n(&ops_state, s, __ATOMIC_RELEASE);
     return s > 0;
 }
+
+/* ---- the monitor's signals ---- */
+
+static void sleep_ns(long long ns)
+{
+    struct timespec ts;
+    ts.tv_sec = (time_t)(ns / 1000000000ll);
+    ts.tv_nsec = (long)(ns % 1000000000ll);
+    nanosleep(&ts, 0);
+}
+
+static void hold(vgpu_region_t *r)
+{
+    long long waited = 0, step = 1000000ll;
+
+    while (__atomic_load_n(&r->recent_kernel, __ATOMIC_ACQUIRE) < 0) {
+        if (waited >= MAX_HOLD_NS) {
+            if (!__atomic_exchange_n(&warned_hold, 1, __ATOMIC_RELAXED))
+                VGPU_WARN("the monitor has held launches back for %lld s (recent_kernel < 0); launching one "
+                          "anyway, and so once per %lld s while it lasts", MAX_HOLD_NS / 1000000000ll,
+                          MAX_HOLD_NS / 1000000000ll);
+            return;
+        }
+        sleep_ns(step);
+        waited += step;
+        if (step < 20000000ll)
+            step *= 2;
+    }
+}
+
+/* at most once a second: last_kernel_time (and recent_kernel unless the monitor made it negative) */
+static void stamp_launch(vgpu_region_t *r)
+{
+    struct timespec ts;
+    long long s, prev;
+    int rk;
+
+    clock_gettime(CLOCK_REALTIME_COARSE, &ts);
+    s = (long long)ts.tv_sec;
+    prev = __atomic_load_n(&last_stamp_s, __ATOMIC_RELAXED);
+    if (s == prev || !__atomic_compare_exchange_n(&last_stamp_s, &prev, s, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+        return;
+    __atomic_store_n(&r->last_kernel_time, (uint64_t)s, __ATOMIC_RELAXED);
+    rk = __atomic_load_n(&r->recent_kernel, __ATOMIC_RELAXED);
+    if (rk >= 0 && rk != RECENT_KERNEL_MARK)
+        __atomic_compare_exchange_n(&r->recent_kernel, &rk, RECENT_KERNEL_MARK, 0, __ATOMIC_RELAXED,
+                                    __ATOMIC_RELAXED);
+}
+
+static void signals(vgpu_region_t *r)
+{
+    if (VGPU_UNLIKELY(__atomic_load_n(&r->recent_kernel, __ATOMIC_RELAXED) < 0) && policy != VGPU_POLICY_DISABLE &&
+        __atomic_load_n(&r->priority, __ATOMIC_RELAXED) != 0)
+        hold(r);
+    stamp_launch(r);
+}
+
+/* ---- measuring ---- */
 
 /* events live in one context; a launch on another context's stream is not measured */
 static int ensure_events(struct dev_state *st)
@@ -155,117 +269,114 @@ static int ensure_events(struct dev_state *st)
     st->ctx = cur;
     st->ready = 1;
     st->last_refill_ns = st->window_start_ns = now_ns();
-    st->tokens_ns = BURST_NS;
+    __atomic_store_n(&st->tokens_ns, BURST_NS, __ATOMIC_RELAXED);
     return 1;
 }
 
+/* mu held */
 static void refill(struct dev_state *st, int pct, long long now)
 {
-    st->tokens_ns += (now - st->last_refill_ns) * pct / 100;
+    long long add = (now - st->last_refill_ns) * pct / 100, cur;
+
     st->last_refill_ns = now;
-    if (st->tokens_ns > BURST_NS)
-        st->tokens_ns = BURST_NS;
+    cur = __atomic_add_fetch(&st->tokens_ns, add, __ATOMIC_RELAXED);
+    while (cur > BURST_NS && !__atomic_compare_exchange_n(&st->tokens_ns, &cur, BURST_NS, 1, __ATOMIC_RELAXED,
+                                                          __ATOMIC_RELAXED))
+        ;
 }
 
-/* charge every launch whose end event has completed, oldest first */
+static void charge(struct dev_state *st, long long ns)
+{
+    __atomic_fetch_sub(&st->tokens_ns, ns, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&st->charged_ns, ns, __ATOMIC_RELAXED);
+}
+
+/* mu held: charge every measured launch whose end event has completed, oldest first */
 static void harvest(struct dev_state *st)
 {
     while (st->tail != st->head) {
         struct pair *p = &st->ring[st->tail % RING];
+        long long ns, est;
         float ms = 0;
 
         if (!p->done || ops.event_query(p->end) != CUDA_SUCCESS)
             break;
         if (ops.event_elapsed(&ms, p->start, p->end) != CUDA_SUCCESS || ms < 0)
             ms = 0;
-        st->tokens_ns -= (long long)((double)ms * 1e6);
-        st->charged_ns += (long long)((double)ms * 1e6);
+        ns = (long long)((double)ms * 1e6);
+        charge(st, ns);
+        est = __atomic_load_n(&st->est_ns[p->graph], __ATOMIC_RELAXED);
+        __atomic_store_n(&st->est_ns[p->graph], est < 0 ? ns : est + (ns - est) / 4, __ATOMIC_RELAXED);
         p->done = 0;
         st->tail++;
     }
 }
 
-/* once a second: the monitor's kernel stamps, and our measured SM share in our slot's sm_util */
-static void stamp_region(struct dev_state *st, int dev, long long now)
+/* once a second: our measured SM share in our slot's sm_util */
+static void report_util(struct dev_state *st, int dev, long long now)
 {
-    vgpu_region_t *r = vgpu_region_get();
     vgpu_proc_slot_t *me;
-    long long s = now / 1000000000ll, window = now - st->window_start_ns, util;
+    long long window = now - st->window_start_ns, util;
 
-    if (!r || s == st->last_stamp_s)
+    if (window < 1000000000ll)
         return;
-    st->last_stamp_s = s;
-    __atomic_store_n(&r->recent_kernel, RECENT_KERNEL_MARK, __ATOMIC_RELAXED);
-    __atomic_store_n(&r->last_kernel_time, (uint64_t)time(0), __ATOMIC_RELAXED);
     me = vgpu_region_self();
-    if (me && window > 0) {
-        util = st->charged_ns * 100 / window;
-        __atomic_store_n(&me->device_util[dev].sm_util, (uint64_t)(util > 100 ? 100 : util), __ATOMIC_RELAXED);
-    }
-    st->charged_ns = 0;
+    util = __atomic_exchange_n(&st->charged_ns, 0, __ATOMIC_RELAXED) * 100 / window;
+    if (me)
+        __atomic_store_n(&me->device_util[dev].sm_util, (uint64_t)(util > 100 ? 100 : util < 0 ? 0 : util),
+                         __ATOMIC_RELAXED);
     st->window_start_ns = now;
 }
 
 /* mu held: bring the bucket up to date; returns how long to sleep to pay the debt (0: none) */
 static long long account(struct dev_state *st, int dev, int pct)
 {
-    long long now = now_ns(), debt;
+    long long now = now_ns(), debt, tokens;
 
     refill(st, pct, now);
     harvest(st);
-    stamp_region(st, dev, now);
-    st->next_harvest_ns = now + HARVEST_NS;
-    if (st->tokens_ns >= 0)
+    report_util(st, dev, now);
+    __atomic_store_n(&st->next_harvest_ns, now + HARVEST_NS, __ATOMIC_RELAXED);
+    tokens = __atomic_load_n(&st->tokens_ns, __ATOMIC_RELAXED);
+    if (tokens >= 0)
         return 0;
-    debt = -st->tokens_ns * 100 / pct; /* wall time that refills the bucket to zero */
+    debt = -tokens * 100 / pct; /* wall time that refills the bucket to zero */
     return debt > MAX_SLEEP_NS ? MAX_SLEEP_NS : debt;
 }
 
-static void sleep_ns(long long ns)
+/* throttle_mu held: pay any debt; when `measure`, open an event pair on the stream */
+static void do_before(struct dev_state *st, int dev, int pct, CUstream stream, int measure, int graph)
 {
-    struct timespec ts;
-    ts.tv_sec = (time_t)(ns / 1000000000ll);
-    ts.tv_nsec = (long)(ns % 1000000000ll);
-    nanosleep(&ts, 0);
-}
-
-/* throttle_mu held (launching threads queue here while one pays the debt); mu taken only for
- * short bookkeeping so that after_launch of other threads never waits for a sleep */
-static void do_before(struct dev_state *st, int dev, int pct, CUstream stream)
-{
-    long long debt = 0;
+    long long debt;
     CUevent wait_for = 0;
     struct pair *p;
 
     pthread_mutex_lock(&st->mu);
-    if (!ensure_events(st)) {
-        pthread_mutex_unlock(&st->mu);
-        return;
-    }
-    if (now_ns() >= st->next_harvest_ns)
-        debt = account(st, dev, pct);
-    if (st->head - st->tail == RING) { /* CPU too far ahead: wait for the oldest launch */
+    debt = account(st, dev, pct);
+    if (measure && st->head - st->tail == RING) { /* CPU too far ahead: wait for the oldest launch */
         p = &st->ring[st->tail % RING];
-        if (!p->done) { /* another thread is between its before and after: leave this one unmeasured */
-            pthread_mutex_unlock(&st->mu);
-            return;
-        }
-        wait_for = p->end;
+        if (p->done)
+            wait_for = p->end;
+        else
+            measure = 0; /* another thread is between its before and after: leave this one unmeasured */
     }
     pthread_mutex_unlock(&st->mu);
     if (wait_for)
         ops.event_sync(wait_for);
     if (debt)
         sleep_ns(debt);
+    if (!measure && !wait_for && !debt)
+        return;
     pthread_mutex_lock(&st->mu);
     if (wait_for || debt) {
         refill(st, pct, now_ns());
         harvest(st);
     }
-    if (st->head - st->tail < RING) {
+    if (measure && st->head - st->tail < RING) {
         p = &st->ring[st->head % RING];
         if (ops.event_record(p->start, stream) == CUDA_SUCCESS) { /* else another context's stream */
             p->done = 0;
+            p->graph = graph;
             open_dev = dev;
             open_slot = st->head++;
         }
@@ -273,28 +384,72 @@ static void do_before(struct dev_state *st, int dev, int pct, CUstream stream)
     pthread_mutex_unlock(&st->mu);
 }
 
-VGPU_HIDDEN void vgpu_limiter_before_launch(CUstream stream)
+static unsigned next_rand(void)
 {
-    CUdevice dev = -1;
+    unsigned x = rng ? rng : (unsigned)(uintptr_t)&rng ^ 0x9e3779b9u;
+    x ^= x << 13;
+    x ^= x >> 17;
+    x ^= x << 5;
+    return rng = x ? x : 1;
+}
+
+static int states_ready;
+
+static void throttle(const vgpu_region_t *r, CUstream stream, int graph)
+{
+    CUdevice dev = 0;
     CUstreamCaptureStatus cap = CU_STREAM_CAPTURE_STATUS_NONE;
     struct dev_state *st;
-    int pct;
+    long long est;
+    int pct, measure;
 
-    open_dev = -1;
-    if (!load_ops() || ops.ctx_get_device(&dev) != CUDA_SUCCESS || dev < 0 || dev >= VGPU_MAX_DEVICES)
+    if (!load_ops() || (!one_device && (ops.ctx_get_device(&dev) != CUDA_SUCCESS || dev < 0 ||
+                                        dev >= VGPU_MAX_DEVICES)))
         return;
-    pct = vgpu_limiter_percent(dev);
+    pct = percent_of(r, dev);
     if (!pct)
         return;
-    /* recording into a capturing stream would add nodes to the user's graph: the graph's launch
-     * is throttled instead */
-    if (ops.stream_is_capturing(stream, &cap) != CUDA_SUCCESS || cap != CU_STREAM_CAPTURE_STATUS_NONE)
-        return;
-    pthread_once(&state_once, init_states);
+    if (VGPU_UNLIKELY(!__atomic_load_n(&states_ready, __ATOMIC_ACQUIRE))) {
+        pthread_once(&state_once, init_states);
+        __atomic_store_n(&states_ready, 1, __ATOMIC_RELEASE);
+    }
     st = &dev_state[dev];
+    est = __atomic_load_n(&st->est_ns[graph], __ATOMIC_RELAXED);
+    measure = est < 0 || !st->ready || (next_rand() & (SAMPLE - 1)) == 0;
+    if (!measure) {
+        /* the common case: charge the estimate, no driver call, no lock unless in debt or due */
+        charge(st, est);
+        if (VGPU_LIKELY(__atomic_load_n(&st->tokens_ns, __ATOMIC_RELAXED) >= 0 &&
+                        coarse_ns() < __atomic_load_n(&st->next_harvest_ns, __ATOMIC_RELAXED)))
+            return;
+    } else {
+        /* recording into a capturing stream would tie our events to the user's graph: the graph's
+         * launch is measured instead */
+        if (ops.stream_is_capturing(stream, &cap) != CUDA_SUCCESS || cap != CU_STREAM_CAPTURE_STATUS_NONE)
+            return;
+        pthread_mutex_lock(&st->mu);
+        if (!ensure_events(st))
+            measure = 0;
+        pthread_mutex_unlock(&st->mu);
+        if (!measure && !st->ready)
+            return;
+        if (!measure && est > 0) /* another context's stream: charged like an unmeasured launch */
+            charge(st, est);
+    }
     pthread_mutex_lock(&st->throttle_mu);
-    do_before(st, dev, pct, stream);
+    do_before(st, dev, pct, stream, measure, graph);
     pthread_mutex_unlock(&st->throttle_mu);
+}
+
+VGPU_HIDDEN void vgpu_limiter_before_launch(CUstream stream, int graph)
+{
+    vgpu_region_t *r = vgpu_region_get();
+
+    open_dev = -1;
+    if (r)
+        signals(r);
+    if (throttles)
+        throttle(r, stream, graph ? 1 : 0);
 }
 
 VGPU_HIDDEN void vgpu_limiter_after_launch(CUstream stream)

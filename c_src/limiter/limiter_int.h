@@ -16,6 +16,7 @@ typedef struct {
     CUresult (*event_sync)(CUevent ev);
     CUresult (*event_elapsed)(float *ms, CUevent a, CUevent b);
     CUresult (*stream_is_capturing)(CUstream s, CUstreamCaptureStatus *st);
+    CUresult (*device_count)(int *n);
 } vgpu_limiter_ops_t;
 
 /* fills the table on first use; 0 when every entry is there (ops.c, or a test's simulated GPU) */

@@ -17,6 +17,7 @@ VGPU_HIDDEN int vgpu_limiter_ops_load(vgpu_limiter_ops_t *ops)
         return -1;
     ops->ctx_get_device = REAL(cuCtxGetDevice);
     ops->ctx_get_current = REAL(cuCtxGetCurrent);
+    ops->device_count = REAL(cuDeviceGetCount);
     ops->event_create = REAL(cuEventCreate);
     ops->event_record = (__typeof__(ops->event_record))sym("cuEventRecord");
     ops->event_query = (__typeof__(ops->event_query))sym("cuEventQuery");

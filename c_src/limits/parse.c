@@ -19,11 +19,11 @@ static int is_letter(char c)
     return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z');
 }
 
-__attribute__((visibility("hidden"))) int vgpu_limit_parse(const char *s, uint64_t *bytes, const char **why)
+/* the leading decimal number; *end after it. -1 (and *why) when empty, not a digit or > 2^64-1 */
+static int parse_number(const char *s, uint64_t *out, const char **end, const char **why)
 {
     uint64_t v = 0;
     const char *p = s;
-    int shift = 0;
 
     if (!s || !*s) {
         *why = "empty value";
@@ -41,6 +41,34 @@ __attribute__((visibility("hidden"))) int vgpu_limit_parse(const char *s, uint64
         }
         v = v * 10 + d;
     }
+    *out = v;
+    *end = p;
+    return 0;
+}
+
+__attribute__((visibility("hidden"))) int vgpu_sm_parse(const char *s, uint64_t *pct, const char **why)
+{
+    uint64_t v;
+    const char *p;
+
+    if (parse_number(s, &v, &p, why) != 0)
+        return -1;
+    if (*p) {
+        *why = "expected a whole percent in decimal digits (no sign, space or %)";
+        return -1;
+    }
+    *pct = v;
+    return 0;
+}
+
+__attribute__((visibility("hidden"))) int vgpu_limit_parse(const char *s, uint64_t *bytes, const char **why)
+{
+    uint64_t v = 0;
+    const char *p = s;
+    int shift = 0;
+
+    if (parse_number(s, &v, &p, why) != 0)
+        return -1;
     if (is_letter(*p) && unit_shift(*p) >= 0)
         shift = unit_shift(*p++);
     if (*p == 'i' || *p == 'I')

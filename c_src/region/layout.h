@@ -33,7 +33,7 @@ typedef struct {
     uint64_t data_size;
     uint64_t offset;
     uint64_t total; /* what the monitor and our budget sum */
-    uint64_t unused[3];
+    uint64_t unused[3]; /* used[0].unused[0..1]: our stamp's check word and nonce (see the slot) */
 } vgpu_device_memory_t;
 
 typedef struct {
@@ -51,9 +51,11 @@ typedef struct {
     vgpu_device_util_t device_util[VGPU_MAX_DEVICES];
     int32_t status;
     uint64_t seqlock; /* odd while the owner updates used[] */
-    /* Ours, in fields the monitor ignores (vendor writers leave them 0 = "check the pid only"):
-     * unused[0] the owner's /proc start time (clock ticks), to tell a reused pid from the owner;
-     * unused[1] the inode of the owner's pid namespace, so pids are judged only in their own. */
+    /* Ours, in words the monitor ignores and vendor writers never write (so a slot a vendor process
+     * took over keeps whatever was there): unused[0] the owner's /proc start time (clock ticks),
+     * unused[1] the inode of its pid namespace. With used[0].unused[0] (a check word over pid, both
+     * of these and the nonce) and used[0].unused[1] (the owner's random nonce, which names its
+     * liveness lock byte) they form the stamp of region/ident.c; none is trusted without the check. */
     uint64_t unused[2];
 } vgpu_proc_slot_t;
 
@@ -63,13 +65,13 @@ typedef struct {
     uint32_t minor_version;
     int32_t sm_init_flag;
     uint64_t owner_pid;
-    sem_t sem; /* initialised for vendor peers; we lock with flock(2) on the file instead */
+    sem_t sem; /* initialised for vendor peers; we lock with an OFD lock on the file instead */
     uint64_t device_num;
     char uuids[VGPU_MAX_DEVICES][VGPU_UUID_LEN];
     uint64_t limit[VGPU_MAX_DEVICES];    /* bytes, 0 = no limit */
     uint64_t sm_limit[VGPU_MAX_DEVICES]; /* percent, 0 or >= 100 = no limit */
     vgpu_proc_slot_t procs[VGPU_MAX_PROCS];
-    int32_t proc_num; /* high-water mark: only grows, slots are reused in place */
+    int32_t proc_num; /* we only grow it and reuse slots in place; vendor writers shrink it (compaction) */
     int32_t utilization_switch;
     int32_t recent_kernel;
     int32_t priority;

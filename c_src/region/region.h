@@ -1,8 +1,11 @@
 /* The shared region: one file per container (CUDA_DEVICE_MEMORY_SHARED_CACHE), mapped by every
  * process of it and by HAMi's monitor. Layers above use only this interface:
- *   shm.c   open/create/size/initialise/map, the config check, exit and fork handling
- *   lock.c  the cross-process lock (flock on the file: released by the kernel if the holder dies)
- *   slots.c process slots (claim, liveness, reclaim) and per-device usage (atomics + seqlock)
+ *   shm.c   open/create/allocate/initialise/map, trust checks, the config check, exit and fork
+ *   lock.c  the cross-process lock (an OFD lock on the file: dropped by the kernel if the holder
+ *           dies, never inherited by a fork child, not takeable through a read-only descriptor)
+ *   ident.c process identity across pid namespaces: the slot stamp and the liveness lock
+ *   slots.c process slots (claim, liveness, reclaim, finding our own slot again after a vendor
+ *           peer compacted the table) and per-device usage (atomics + seqlock + a private shadow)
  * Nothing here calls the CUDA driver: the caller (accounting/budget.c) passes device facts in
  * vgpu_region_config_t. */
 #ifndef VGPU_REGION_H
@@ -45,29 +48,76 @@ VGPU_HIDDEN void vgpu_region_detach(void);
 /* Cross-process lock. 0 = held; 1 = timed out (a live holder is stuck): the caller proceeds
  * unlocked, best effort, and must still call unlock. */
 VGPU_HIDDEN int vgpu_region_lock(void);
+VGPU_HIDDEN int vgpu_region_trylock(void);
 VGPU_HIDDEN void vgpu_region_unlock(void);
-/* internal to region/: (re)open the lock for this process (after attach or fork) */
+/* internal to region/: the descriptor the lock (and our liveness byte) live on */
 VGPU_HIDDEN void vgpu_region_lock_set_fd(int fd);
+VGPU_HIDDEN int vgpu_region_lock_fd(void);
 VGPU_HIDDEN void vgpu_region_lock_atfork_child(void);
+
+/* --- identity (ident.c) --- */
+typedef struct {
+    int pid;        /* in our pid namespace */
+    uint64_t start; /* /proc start time, clock ticks since boot */
+    uint64_t ns;    /* inode of the pid namespace */
+    uint64_t nonce; /* random per process image; names the liveness byte */
+} vgpu_ident_t;
+VGPU_HIDDEN const vgpu_ident_t *vgpu_ident_self(void);
+VGPU_HIDDEN void vgpu_ident_reset(void); /* fork child: a new identity on next use */
+VGPU_HIDDEN uint64_t vgpu_pid_ns(void);
+VGPU_HIDDEN void vgpu_stamp_write(vgpu_proc_slot_t *s, const vgpu_ident_t *id);
+VGPU_HIDDEN void vgpu_stamp_clear(vgpu_proc_slot_t *s);
+/* 1 when the slot carries a stamp of ours that matches its pid (*out filled either way) */
+VGPU_HIDDEN int vgpu_stamp_read(const vgpu_proc_slot_t *s, vgpu_ident_t *out);
+/* take our liveness byte (0), or -1 (no OFD locks: liveness falls back to pid + start time) */
+VGPU_HIDDEN int vgpu_live_hold(int fd, uint64_t nonce);
+/* 1 the stamper with this nonce is alive, 0 it is gone, -1 cannot tell */
+VGPU_HIDDEN int vgpu_live_probe(int fd, uint64_t nonce);
+/* 1 the process maps the file, 0 it does not, -1 cannot tell */
+VGPU_HIDDEN int vgpu_proc_maps_file(int pid, uint64_t dev, uint64_t ino, const char *path);
+/* the region file's identity, for the maps check (shm.c) */
+VGPU_HIDDEN void vgpu_region_file_id(uint64_t *dev, uint64_t *ino, const char **path);
 
 /* --- slots (lock held unless noted) --- */
 VGPU_HIDDEN vgpu_proc_slot_t *vgpu_region_claim_slot(vgpu_region_t *r);
 VGPU_HIDDEN void vgpu_region_free_slot(vgpu_proc_slot_t *s);
-/* 1 when the slot's owner is alive (pid exists, not a zombie, same start time) */
-VGPU_HIDDEN int vgpu_region_slot_alive(const vgpu_proc_slot_t *s);
+/* 1 when the slot's owner is alive: our stamp and its liveness byte, else the pid in our
+ * namespace (exists, not a zombie, and, when `thorough`, maps the region) */
+VGPU_HIDDEN int vgpu_region_slot_alive(const vgpu_proc_slot_t *s, int thorough);
 /* reclaim every dead process's slot; returns how many */
-VGPU_HIDDEN int vgpu_region_reap(vgpu_region_t *r);
-/* sum of used[dev].total over slots with status != 0 (exactly the monitor's sum; no lock needed) */
+VGPU_HIDDEN int vgpu_region_reap(vgpu_region_t *r, int thorough);
+/* sum of used[dev].total over slots with status != 0 (the monitor's sum, saturating at 2^64-1) */
 VGPU_HIDDEN uint64_t vgpu_region_sum_used(const vgpu_region_t *r, int dev);
+/* NULL when the process table is sane, else what is wrong with it (shm.c refuses such a file) */
+VGPU_HIDDEN const char *vgpu_region_table_insane(const vgpu_region_t *r);
+/* the limit this process enforces for dev: the stricter of the region's and this process's env
+ * (a region can tighten a limit, never lift one); 0 = none */
+VGPU_HIDDEN uint64_t vgpu_region_limit(int dev);
+/* the same for the SM percent: 0 = none (the region's 0 and >= 100 both mean none) */
+VGPU_HIDDEN uint64_t vgpu_region_sm_limit(int dev);
 
 /* --- accounting on our own slot --- */
-/* 0 = counted; -1 = over the region's limit for dev; -2 = not attached (caller falls back) */
+/* which used[dev] field a charge lands in (always in total too) */
+enum { VGPU_USE_DATA = 0, VGPU_USE_CONTEXT = 1, VGPU_USE_MODULE = 2 };
+/* 0 = counted; -1 = over the limit for dev; -2 = not attached (caller falls back) */
 VGPU_HIDDEN int vgpu_region_reserve(int dev, uint64_t bytes);
+VGPU_HIDDEN int vgpu_region_reserve_kind(int dev, uint64_t bytes, int kind);
 /* lock-free: atomic subtract on our slot (saturates at 0) */
 VGPU_HIDDEN void vgpu_region_release(int dev, uint64_t bytes);
+VGPU_HIDDEN void vgpu_region_release_kind(int dev, uint64_t bytes, int kind);
+/* add / subtract on our own slot (s = vgpu_region_self()) without a limit check; our shadow follows */
 VGPU_HIDDEN void vgpu_slot_add(vgpu_proc_slot_t *s, int dev, uint64_t bytes);
 VGPU_HIDDEN void vgpu_slot_sub(vgpu_proc_slot_t *s, int dev, uint64_t bytes);
-/* our start time in clock ticks since boot (/proc/self/stat field 22), 0 when unknown */
+/* what this process has counted on dev (its private shadow of its slot's total) */
+VGPU_HIDDEN uint64_t vgpu_region_self_used(int dev);
+/* internal to region/: our slot is gone or moved: find it again or claim a new one, rewrite it
+ * from the shadow (slots.c); and forget the shadow in a fork child */
+VGPU_HIDDEN vgpu_proc_slot_t *vgpu_region_relocate(vgpu_region_t *r, vgpu_proc_slot_t *lost);
+VGPU_HIDDEN void vgpu_region_shadow_reset(void);
+/* 1 when s still is this process's slot in r (cheap: a few loads) */
+VGPU_HIDDEN int vgpu_region_slot_is_self(const vgpu_region_t *r, const vgpu_proc_slot_t *s);
+
+/* a process's start time in clock ticks since boot (/proc/<pid>/stat field 22; pid 0 = self), 0 when unknown */
 VGPU_HIDDEN uint64_t vgpu_proc_starttime(int pid);
 
 #endif

@@ -1,12 +1,24 @@
-/* Open, create, initialise and map the shared region; check a later process's limits against it;
- * free our slot at exit; give a forked child its own lock and slot.
+/* Open, create, allocate, initialise and map the shared region; decide whether a file is safe to
+ * trust; check a later process's limits against it; free our slot at exit; give a forked child
+ * its own lock and slot.
  *
- * File mode: 0600 unless VGPU_SHARED_CACHE_MODE (octal, e.g. 0660) says otherwise. The file lets
- * any writer forge usage and limits, so it is never world-writable by default (the vendor's 0666
- * is a known defect). It lives in a per-container directory; the processes of one container
- * normally run as one user, and HAMi's monitor reads it as root on the host. A container mixing
- * users sets the variable; a process that cannot open the file warns and keeps process-local
- * limits. The mode is set with fchmod on the file we created: the process umask is never touched. */
+ * Who may own the file: our effective uid, or root (HAMi's vendor library and monitor run as
+ * root). Any other owner could forge limits and usage: the file is refused with one line and the
+ * limits hold per process. A file of an accepted owner may be group/other-writable (the vendor
+ * creates it 0666), which is why a region can only tighten this process's env limits, never lift
+ * them (slots.c: vgpu_region_limit). A symlink at the path is refused (O_NOFOLLOW), so is anything
+ * not a regular file, a short file, a foreign magic or major version, and a process table that is
+ * garbage (vgpu_region_table_insane).
+ *
+ * File mode when we create it: 0600 unless VGPU_SHARED_CACHE_MODE (octal, e.g. 0660) says
+ * otherwise, set with fchmod: the process umask is never touched. The vendor's 0666 is a known
+ * defect. The whole file is allocated (posix_fallocate) before it is mapped: a sparse file on a
+ * full filesystem would kill the process with SIGBUS on its first write; when the space is not
+ * there we say so once and keep per-process limits.
+ *
+ * Attach takes the region lock only to create the file and to claim a slot (microseconds): a
+ * storm of processes starting together does not queue behind /proc reads or a 2 MB memset. */
+#define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -15,6 +27,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "log/log.h"
@@ -23,11 +36,19 @@
 static pthread_mutex_t attach_mu = PTHREAD_MUTEX_INITIALIZER;
 static vgpu_region_t *region;
 static vgpu_proc_slot_t *self_slot;
-static int region_fd = -1;
+static int region_fd = -1; /* the lock's and our liveness byte's descriptor (never mapped) */
 static int attach_tried;
 static int owner_pid;   /* the pid self_slot belongs to */
-static int forked;      /* set in a fork child: the slot and lock fd are the parent's */
+static int forked;      /* set in a fork child: the slot is the parent's, the descriptor closed */
 static char region_path[4096];
+static uint64_t file_dev, file_ino;
+
+VGPU_HIDDEN void vgpu_region_file_id(uint64_t *dev, uint64_t *ino, const char **path)
+{
+    *dev = file_dev;
+    *ino = file_ino;
+    *path = region_path;
+}
 
 static mode_t file_mode(void)
 {
@@ -48,7 +69,10 @@ static mode_t file_mode(void)
 static void atfork_child(void)
 {
     forked = 1;
-    vgpu_region_lock_atfork_child();
+    vgpu_region_lock_atfork_child(); /* closes our copy of the parent's descriptor, now */
+    region_fd = -1;
+    vgpu_region_shadow_reset(); /* the parent's allocations are not the child's */
+    vgpu_ident_reset();
     pthread_mutex_t fresh = PTHREAD_MUTEX_INITIALIZER;
     attach_mu = fresh;
 }
@@ -66,11 +90,24 @@ static void copy_devices(vgpu_region_t *r, const vgpu_region_config_t *cfg)
     __atomic_store_n(&r->device_num, (uint64_t)n, __ATOMIC_RELEASE);
 }
 
-static void init_region(vgpu_region_t *r, const vgpu_region_config_t *cfg)
+/* a file that already held bytes without the magic (a creator died mid-initialisation): zero what
+ * is not zero. Reading a fresh file's pages is cheap; writing 2 MB of zeros would dirty them all. */
+static void zero_scan(vgpu_region_t *r)
+{
+    uint64_t *w = (uint64_t *)(void *)r;
+    size_t i, n = sizeof *r / sizeof *w;
+
+    for (i = 0; i < n; i++)
+        if (w[i])
+            w[i] = 0;
+}
+
+static void init_region(vgpu_region_t *r, const vgpu_region_config_t *cfg, int zeroed)
 {
     int d;
 
-    memset(r, 0, sizeof *r);
+    if (!zeroed)
+        zero_scan(r);
     r->major_version = VGPU_REGION_MAJOR;
     r->minor_version = VGPU_REGION_MINOR;
     r->owner_pid = (uint64_t)getpid();
@@ -84,6 +121,7 @@ static void init_region(vgpu_region_t *r, const vgpu_region_config_t *cfg)
     }
     r->utilization_switch = 1; /* throttle by default; the monitor may lift it */
     r->priority = cfg->priority;
+    r->last_kernel_time = (uint64_t)time(0); /* as the vendor does, at creation */
     /* the magic goes last: a peer or the monitor that sees it sees everything above */
     __atomic_store_n(&r->initialized_flag, VGPU_REGION_MAGIC, __ATOMIC_RELEASE);
 }
@@ -102,7 +140,20 @@ VGPU_HIDDEN void vgpu_region_fill_devices(const vgpu_region_config_t *cfg)
     vgpu_region_unlock();
 }
 
-/* a later process's env that disagrees with the region: say so once per value; the region wins */
+static uint64_t sm_norm(uint64_t v)
+{
+    return v >= 100 ? 0 : v; /* the vendor stores 100 for "no SM limit", we store 0 */
+}
+
+/* env and region disagree: the stricter of the two is enforced (0 = none) */
+static const char *winner(uint64_t region_v, uint64_t env_v)
+{
+    return (!region_v || (env_v && env_v < region_v))
+               ? "this process's (stricter; a region can tighten a limit, never lift it)"
+               : "the region's (it is shared by the whole container)";
+}
+
+/* a later process's env that disagrees with the region: say so once per value */
 static void check_config(const vgpu_region_t *r, const vgpu_region_config_t *cfg)
 {
     if (r->priority != cfg->priority)
@@ -117,18 +168,21 @@ static void check_config(const vgpu_region_t *r, const vgpu_region_config_t *cfg
     for (d = 0; d < n; d++) {
         if (r->limit[d] != cfg->limit[d])
             VGPU_WARN("device %d memory limit: this process's env gives %llu bytes, region %s (created by pid "
-                      "%llu) holds %llu bytes; using the region's (it is shared by the whole container)",
-                      d, (unsigned long long)cfg->limit[d], region_path, (unsigned long long)r->owner_pid,
-                      (unsigned long long)r->limit[d]);
-        if (r->sm_limit[d] != cfg->sm_limit[d])
-            VGPU_WARN("device %d SM limit: this process's env gives %llu%%, region %s holds %llu%%; using the "
-                      "region's", d, (unsigned long long)cfg->sm_limit[d], region_path,
-                      (unsigned long long)r->sm_limit[d]);
-        if (d < cfg->device_count && cfg->uuid[d][0] && r->uuids[d][0] && strncmp(r->uuids[d], cfg->uuid[d], VGPU_UUID_LEN))
+                      "%llu) holds %llu bytes; using %s", d, (unsigned long long)cfg->limit[d], region_path,
+                      (unsigned long long)r->owner_pid, (unsigned long long)r->limit[d],
+                      winner(r->limit[d], cfg->limit[d]));
+        if (sm_norm(r->sm_limit[d]) != sm_norm(cfg->sm_limit[d]))
+            VGPU_WARN("device %d SM limit: this process's env gives %llu%%, region %s holds %llu%%; using %s", d,
+                      (unsigned long long)cfg->sm_limit[d], region_path, (unsigned long long)r->sm_limit[d],
+                      winner(sm_norm(r->sm_limit[d]), sm_norm(cfg->sm_limit[d])));
+        if (d < cfg->device_count && cfg->uuid[d][0] && r->uuids[d][0] &&
+            strncmp(r->uuids[d], cfg->uuid[d], VGPU_UUID_LEN))
             VGPU_WARN("device %d is %.95s here but %.95s in region %s; processes of this container see "
                       "different devices (CUDA_VISIBLE_DEVICES?)", d, cfg->uuid[d], r->uuids[d], region_path);
     }
 }
+
+#define PER_PROCESS "memory limits are per process only"
 
 static int open_file(const char *path, int *created)
 {
@@ -145,92 +199,186 @@ static int open_file(const char *path, int *created)
     if (fd < 0) {
         int e = errno;
         struct stat st;
-        if (e == EACCES && stat(path, &st) == 0)
-            VGPU_WARN("cannot open region %s (mode %03o, owner uid %d, we are uid %d); memory limits are per "
-                      "process only; set VGPU_SHARED_CACHE_MODE=0660 in the container to share it",
-                      path, (unsigned)(st.st_mode & 0777), (int)st.st_uid, (int)getuid());
+        if (e == EACCES && lstat(path, &st) == 0)
+            VGPU_WARN("cannot open region %s (mode %03o, owner uid %d, we are uid %d); " PER_PROCESS
+                      "; set VGPU_SHARED_CACHE_MODE=0660 in the container to share it",
+                      path, (unsigned)(st.st_mode & 0777), (int)st.st_uid, (int)geteuid());
         else
-            VGPU_WARN("cannot open region %s: %s%s; memory limits are per process only", path, strerror(e),
+            VGPU_WARN("cannot open region %s: %s%s; " PER_PROCESS, path, strerror(e),
                       e == ELOOP ? " (a symlink: refused)" : "");
     }
     return fd;
 }
 
-/* map the file, sizing it when empty; NULL (with a warning) when it is not usable */
-static vgpu_region_t *map_file(int fd, const char *path, int *fresh)
+/* the file is ours to trust: a regular file of our euid or root */
+static int trusted(int fd, const char *path, struct stat *st)
+{
+    if (fstat(fd, st) != 0 || !S_ISREG(st->st_mode)) {
+        VGPU_WARN("region %s is not a regular file; " PER_PROCESS, path);
+        return 0;
+    }
+    if (st->st_uid != geteuid() && st->st_uid != 0) {
+        VGPU_WARN("region %s is owned by uid %d, not by us (uid %d) or root; refusing it (its limits could be "
+                  "forged); " PER_PROCESS, path, (int)st->st_uid, (int)geteuid());
+        return 0;
+    }
+    return 1;
+}
+
+/* every byte of the file backed by storage, so no later store into the mapping can SIGBUS */
+static int allocate(int fd, const char *path, int fresh)
+{
+    int rc;
+
+    /* a fresh file: posix_fallocate (glibc writes zeros itself where the filesystem cannot).
+     * A file peers already map: only the syscall, never glibc's write-back emulation. */
+    if (fresh)
+        rc = posix_fallocate(fd, 0, (off_t)sizeof(vgpu_region_t));
+    else
+        rc = fallocate(fd, 0, 0, (off_t)sizeof(vgpu_region_t)) == 0 ? 0 : errno;
+    if (rc == 0 || (!fresh && (rc == EOPNOTSUPP || rc == ENOSYS)))
+        return 0;
+    VGPU_WARN("cannot allocate %zu bytes for region %s: %s; " PER_PROCESS, sizeof(vgpu_region_t), path,
+              strerror(rc));
+    if (fresh && ftruncate(fd, 0) != 0) /* leave an empty file, never a short one */
+        VGPU_DEBUG("truncating %s: %s", path, strerror(errno));
+    return -1;
+}
+
+static vgpu_region_t *map_file(int fd, const char *path)
+{
+    void *p = mmap(0, sizeof(vgpu_region_t), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+
+    if (p == MAP_FAILED) {
+        VGPU_WARN("cannot map region %s: %s; " PER_PROCESS, path, strerror(errno));
+        return 0;
+    }
+    return p;
+}
+
+static int has_magic(const vgpu_region_t *r)
+{
+    return __atomic_load_n(&r->initialized_flag, __ATOMIC_ACQUIRE) == VGPU_REGION_MAGIC;
+}
+
+/* Lock held. Size, allocate and initialise a file nobody has initialised yet. */
+static vgpu_region_t *create_locked(int fd, const char *path, const vgpu_region_config_t *cfg)
 {
     struct stat st;
-    void *p;
+    vgpu_region_t *r;
+    int fresh;
 
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        VGPU_WARN("region %s is not a regular file; memory limits are per process only", path);
+    if (fstat(fd, &st) != 0)
         return 0;
-    }
-    if (st.st_size == 0 && ftruncate(fd, (off_t)sizeof(vgpu_region_t)) != 0) {
-        VGPU_WARN("cannot size region %s: %s; memory limits are per process only", path, strerror(errno));
-        return 0;
-    }
+    fresh = st.st_size == 0;
     /* never truncate or reinitialise a file someone else filled: it may not be ours at all */
-    if (st.st_size != 0 && st.st_size < (off_t)sizeof(vgpu_region_t)) {
-        VGPU_WARN("region %s has %lld bytes, layout 1.2 needs %zu; remove it when no process uses it",
-                  path, (long long)st.st_size, sizeof(vgpu_region_t));
+    if (!fresh && st.st_size < (off_t)sizeof(vgpu_region_t)) {
+        VGPU_WARN("region %s has %lld bytes, layout 1.2 needs %zu; remove it when no process uses it", path,
+                  (long long)st.st_size, sizeof(vgpu_region_t));
         return 0;
     }
-    p = mmap(0, sizeof(vgpu_region_t), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (p == MAP_FAILED) {
-        VGPU_WARN("cannot map region %s: %s", path, strerror(errno));
+    if (allocate(fd, path, fresh) != 0 || !(r = map_file(fd, path)))
         return 0;
+    if (!has_magic(r)) /* an exact-size file without the magic: its creator died mid-initialisation */
+        init_region(r, cfg, fresh);
+    return r;
+}
+
+static vgpu_region_t *open_region(int fd, const char *path, const vgpu_region_config_t *cfg)
+{
+    struct stat st;
+    vgpu_region_t *r = 0;
+    const char *why;
+
+    if (!trusted(fd, path, &st))
+        return 0;
+    file_dev = (uint64_t)st.st_dev;
+    file_ino = (uint64_t)st.st_ino;
+    if (st.st_size >= (off_t)sizeof(vgpu_region_t)) {
+        /* the common case, no lock: an initialised file (a writer may have rounded its size up);
+         * still make sure the part we map is backed */
+        if (allocate(fd, path, 0) != 0 || !(r = map_file(fd, path)))
+            return 0;
     }
-    /* an exact-size file without the magic is a creator that died mid-initialisation */
-    *fresh = st.st_size == 0 || st.st_size == (off_t)sizeof(vgpu_region_t);
-    return p;
+    if (!r || !has_magic(r)) {
+        if (r) {
+            munmap(r, sizeof *r);
+            r = 0;
+        }
+        vgpu_region_lock(); /* the creator holds it while it initialises */
+        r = create_locked(fd, path, cfg);
+        vgpu_region_unlock();
+        if (!r)
+            return 0;
+    }
+    if (r->major_version != VGPU_REGION_MAJOR) {
+        VGPU_WARN("region %s has layout %u.%u, this shim writes %u.x; " PER_PROCESS, path, r->major_version,
+                  r->minor_version, VGPU_REGION_MAJOR);
+        goto refuse;
+    }
+    if ((why = vgpu_region_table_insane(r))) {
+        VGPU_WARN("region %s is corrupt (%s); refusing it; " PER_PROCESS, path, why);
+        goto refuse;
+    }
+    return r;
+refuse:
+    munmap(r, sizeof *r);
+    return 0;
+}
+
+/* The lock and our liveness byte live on a descriptor of their own that is never mapped: a
+ * mapping keeps its open file description alive in every fork child that inherits it, and an
+ * OFD lock lives as long as its description, so a lock on the mapped one would outlive us. */
+static int open_lock_fd(int map_fd, const char *path)
+{
+    struct stat a, b;
+    int fd = open(path, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+
+    if (fd >= 0 && (fstat(fd, &a) != 0 || fstat(map_fd, &b) != 0 || a.st_ino != b.st_ino || a.st_dev != b.st_dev)) {
+        close(fd); /* replaced between our two opens */
+        fd = -1;
+    }
+    return fd;
 }
 
 static int do_attach(const char *path, const vgpu_region_config_t *cfg)
 {
     vgpu_region_t *r;
-    int created, fresh = 0, fd;
+    int created, fd, lfd;
 
     fd = open_file(path, &created);
     if (fd < 0)
         return -1;
-    vgpu_region_lock_set_fd(fd);
-    vgpu_region_lock();
-    r = map_file(fd, path, &fresh);
-    if (r && __atomic_load_n(&r->initialized_flag, __ATOMIC_ACQUIRE) != VGPU_REGION_MAGIC) {
-        if (fresh) {
-            init_region(r, cfg);
-        } else {
-            VGPU_WARN("region %s is not a HAMi shared region (bad magic); remove it when no process uses it", path);
-            goto fail;
-        }
-    } else if (r && r->major_version != VGPU_REGION_MAJOR) {
-        VGPU_WARN("region %s has layout %u.%u, this shim writes %u.x; memory limits are per process only",
-                  path, r->major_version, r->minor_version, VGPU_REGION_MAJOR);
-        goto fail;
-    } else if (r) {
-        check_config(r, cfg);
+    lfd = open_lock_fd(fd, path);
+    if (lfd < 0) {
+        VGPU_WARN("cannot reopen region %s: %s; " PER_PROCESS, path, strerror(errno));
+        close(fd);
+        return -1;
     }
+    vgpu_region_lock_set_fd(lfd);
+    r = open_region(fd, path, cfg);
+    close(fd); /* the mapping keeps what it needs */
     if (!r)
-        goto fail_locked;
-    vgpu_region_reap(r); /* dead peers' usage out of the monitor's sum; their slots reused first */
+        goto fail_fd;
+    if (!created)
+        check_config(r, cfg);
+    vgpu_live_hold(lfd, vgpu_ident_self()->nonce); /* before the stamp: peers judge us by it */
+    vgpu_region_lock();
+    vgpu_region_reap(r, 0); /* dead peers' usage out of the monitor's sum; their slots reused first */
     self_slot = vgpu_region_claim_slot(r);
+    vgpu_region_unlock();
     if (!self_slot) {
-        VGPU_WARN("region %s: all %d process slots hold live processes; memory limits are per process only",
-                  path, VGPU_MAX_PROCS);
-        goto fail;
+        VGPU_WARN("region %s: all %d process slots hold live processes; " PER_PROCESS, path, VGPU_MAX_PROCS);
+        munmap(r, sizeof *r);
+        goto fail_fd;
     }
-    vgpu_region_unlock();
-    region = r;
-    region_fd = fd;
+    region_fd = lfd;
     owner_pid = (int)getpid();
+    __atomic_store_n(&region, r, __ATOMIC_RELEASE);
     return 0;
-fail:
-    munmap(r, sizeof *r);
-fail_locked:
-    vgpu_region_unlock();
+fail_fd:
     vgpu_region_lock_set_fd(-1);
-    close(fd);
+    close(lfd);
     return -1;
 }
 
@@ -268,7 +416,7 @@ VGPU_HIDDEN vgpu_region_t *vgpu_region_get(void)
     return __atomic_load_n(&region, __ATOMIC_ACQUIRE);
 }
 
-/* first use in a fork child: own lock (new open file description) and own slot, or none */
+/* first use in a fork child: own descriptor (lock and liveness byte) and own slot, or none */
 static void adopt_after_fork(void)
 {
     int fd;
@@ -281,38 +429,61 @@ static void adopt_after_fork(void)
     self_slot = 0;
     if (region) {
         fd = open(region_path, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
-        if (region_fd >= 0)
-            close(region_fd); /* the parent's description: closing our copy leaves its lock alone */
         region_fd = fd;
         vgpu_region_lock_set_fd(fd);
         if (fd >= 0) {
+            vgpu_live_hold(fd, vgpu_ident_self()->nonce);
             vgpu_region_lock();
             self_slot = vgpu_region_claim_slot(region);
             vgpu_region_unlock();
         }
         if (!self_slot)
-            region = 0;
+            __atomic_store_n(&region, 0, __ATOMIC_RELEASE);
     }
     owner_pid = (int)getpid();
     __atomic_store_n(&forked, 0, __ATOMIC_RELEASE);
     pthread_mutex_unlock(&attach_mu);
 }
 
-VGPU_HIDDEN vgpu_proc_slot_t *vgpu_region_self(void)
-{
-    if (VGPU_UNLIKELY(__atomic_load_n(&forked, __ATOMIC_ACQUIRE)))
-        adopt_after_fork();
-    return self_slot;
-}
-
-VGPU_HIDDEN void vgpu_region_detach(void)
+/* our slot moved or was taken over (a vendor peer compacted the table): find it again */
+static vgpu_proc_slot_t *relocate(vgpu_proc_slot_t *lost)
 {
     vgpu_proc_slot_t *s;
 
     pthread_mutex_lock(&attach_mu);
-    s = forked ? 0 : self_slot; /* a child that never used the region owns no slot */
+    s = self_slot;
+    if (region && s == lost && !vgpu_region_slot_is_self(region, s)) {
+        vgpu_region_lock();
+        s = vgpu_region_relocate(region, lost);
+        vgpu_region_unlock();
+        __atomic_store_n(&self_slot, s, __ATOMIC_RELEASE);
+    }
+    pthread_mutex_unlock(&attach_mu);
+    return s;
+}
+
+VGPU_HIDDEN vgpu_proc_slot_t *vgpu_region_self(void)
+{
+    vgpu_proc_slot_t *s;
+    vgpu_region_t *r;
+
+    if (VGPU_UNLIKELY(__atomic_load_n(&forked, __ATOMIC_ACQUIRE)))
+        adopt_after_fork();
+    s = __atomic_load_n(&self_slot, __ATOMIC_ACQUIRE);
+    r = __atomic_load_n(&region, __ATOMIC_ACQUIRE);
+    if (VGPU_UNLIKELY(s && r && !vgpu_region_slot_is_self(r, s)))
+        s = relocate(s);
+    return s;
+}
+
+VGPU_HIDDEN void vgpu_region_detach(void)
+{
+    vgpu_proc_slot_t *s = forked ? 0 : vgpu_region_self(); /* found again if a peer moved it */
+
+    pthread_mutex_lock(&attach_mu);
+    /* a child that never used the region owns no slot */
     self_slot = 0;
-    if (s && region && owner_pid == (int)getpid()) {
+    if (s && region && owner_pid == (int)getpid() && vgpu_region_slot_is_self(region, s)) {
         vgpu_region_lock();
         vgpu_region_free_slot(s);
         vgpu_region_unlock();

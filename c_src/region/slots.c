@@ -1,11 +1,18 @@
-/* Process slots: claim, liveness, reclaim, and per-device usage in our own slot.
+/* Process slots: claim, liveness, reclaim, finding our own slot again, and per-device usage.
  *
  * Rules (HAMi's monitor and every peer hold raw pointers into procs[]):
- * - a live process's slot never moves: no compaction; proc_num only grows (to 1024) and dead
- *   slots are reused in place;
+ * - we never move a live process's slot: no compaction; proc_num only grows (to 1024) and dead
+ *   slots are reused in place. Vendor peers do compact on exit (live slots move down, proc_num
+ *   shrinks): every use of our slot first checks that it still is ours (pid + the nonce of our
+ *   stamp, inside proc_num) and otherwise finds it again, or claims a new one, and rewrites it
+ *   from a private shadow of what we counted, so a move never loses or doubles our usage;
  * - a slot becomes visible (status != 0, or proc_num covering it) only after it is filled;
  * - a reclaimed slot gets status 0 first, so the monitor stops counting it at once;
- * - usage changes are atomic adds on our own slot, between two seqlock bumps for readers. */
+ * - usage changes are atomic adds on our own slot, between two seqlock bumps for readers;
+ * - sums saturate: a corrupt or hostile slot can make a sum large, never make it wrap small.
+ * Liveness: a slot with our stamp is alive while its stamper holds its liveness byte (ident.c),
+ * whatever pid namespace it lives in; any other slot (vendor, older builds of ours: their unused[]
+ * words are never trusted) is judged by its pid in our namespace, as the vendor does. */
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -14,9 +21,14 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "limits/limits.h"
+#include "log/log.h"
 #include "region/region.h"
 
-/* /proc/<pid>/stat: state (field 3) and starttime (field 22). -1 when unreadable. */
+#define SANE_BYTES (1ull << 52) /* 4 PiB: more than any device; larger usage is garbage */
+
+/* /proc/<pid>/stat (pid 0: /proc/self/stat, right even where /proc is another namespace's):
+ * state (field 3) and starttime (field 22). -1 when unreadable. */
 static int read_stat(int pid, char *state, uint64_t *start)
 {
     char path[64], buf[1024], *p;
@@ -24,7 +36,10 @@ static int read_stat(int pid, char *state, uint64_t *start)
     ssize_t n;
     int fd, field;
 
-    snprintf(path, sizeof path, "/proc/%d/stat", pid);
+    if (pid)
+        snprintf(path, sizeof path, "/proc/%d/stat", pid);
+    else
+        snprintf(path, sizeof path, "/proc/self/stat");
     fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
         return -1;
@@ -54,47 +69,98 @@ VGPU_HIDDEN uint64_t vgpu_proc_starttime(int pid)
     return read_stat(pid, &state, &start) == 0 ? start : 0;
 }
 
-/* the inode of our pid namespace: pids in a slot mean something only inside the same one */
-static uint64_t pid_ns(void)
+static int clamp_procs(int n)
 {
-    static uint64_t ns;
-    struct stat st;
-
-    if (!ns && stat("/proc/self/ns/pid", &st) == 0)
-        ns = (uint64_t)st.st_ino;
-    return ns;
+    return n < 0 ? 0 : n > VGPU_MAX_PROCS ? VGPU_MAX_PROCS : n;
 }
 
-VGPU_HIDDEN int vgpu_region_slot_alive(const vgpu_proc_slot_t *s)
-{
-    int pid = __atomic_load_n(&s->pid, __ATOMIC_RELAXED);
-    uint64_t want = __atomic_load_n(&s->unused[0], __ATOMIC_RELAXED);
-    uint64_t ns = __atomic_load_n(&s->unused[1], __ATOMIC_RELAXED);
+/* processes (pid, start time) already seen mapping the region: a limit-bound loop of failing
+ * reservations reaps again and again, and must not re-read a big process's maps every time */
+#define KNOWN_USERS 32
+static struct {
+    int pid;
     uint64_t start;
+} known[KNOWN_USERS];
+static unsigned known_next;
+
+static int known_user(int pid, uint64_t start)
+{
+    int i;
+    for (i = 0; i < KNOWN_USERS; i++)
+        if (__atomic_load_n(&known[i].pid, __ATOMIC_RELAXED) == pid &&
+            __atomic_load_n(&known[i].start, __ATOMIC_RELAXED) == start)
+            return 1;
+    return 0;
+}
+
+static void remember_user(int pid, uint64_t start)
+{
+    unsigned i = __atomic_fetch_add(&known_next, 1, __ATOMIC_RELAXED) % KNOWN_USERS;
+    __atomic_store_n(&known[i].start, start, __ATOMIC_RELAXED);
+    __atomic_store_n(&known[i].pid, pid, __ATOMIC_RELAXED);
+}
+
+/* does a live process with this pid in our namespace use the region? 1 yes, 0 no.
+ * `want_start` != 0: only a process with that start time counts. */
+static int pid_user_alive(int pid, uint64_t want_start, int thorough)
+{
+    uint64_t start, dev, ino;
+    const char *path;
     char state;
+
+    if (pid <= 0 || (kill(pid, 0) != 0 && errno == ESRCH))
+        return 0;
+    if (read_stat(pid, &state, &start) != 0)
+        return 1; /* no /proc: trust kill() */
+    if (state == 'Z' || state == 'X')
+        return 0;
+    if (want_start && start == want_start)
+        return 1;
+    if (!thorough && !want_start)
+        return 1;
+    /* the pid exists but may be any process: only one that maps the region is a user */
+    if (known_user(pid, start))
+        return 1;
+    vgpu_region_file_id(&dev, &ino, &path);
+    if (vgpu_proc_maps_file(pid, dev, ino, path) == 0)
+        return 0;
+    remember_user(pid, start);
+    return 1;
+}
+
+VGPU_HIDDEN int vgpu_region_slot_alive(const vgpu_proc_slot_t *s, int thorough)
+{
+    const vgpu_ident_t *me = vgpu_ident_self();
+    vgpu_ident_t id;
+    int pid = __atomic_load_n(&s->pid, __ATOMIC_RELAXED);
 
     if (pid <= 0)
         return 0;
-    /* a file shared across pid namespaces (one cache mounted into two containers): we cannot
-     * judge another namespace's pid, so its slot is never reclaimed by us */
-    if (ns && pid_ns() && ns != pid_ns())
-        return 1;
-    if (kill(pid, 0) != 0 && errno == ESRCH)
-        return 0;
-    /* kill() says a process with that pid exists; a zombie, or another process that reused the pid
-     * (different start time), does not own the slot. No /proc: trust kill(). */
-    if (read_stat(pid, &state, &start) != 0)
-        return 1;
-    if (state == 'Z' || state == 'X')
-        return 0;
-    return !want || want == start;
+    if (vgpu_stamp_read(s, &id)) {
+        int live = vgpu_live_probe(vgpu_region_lock_fd(), id.nonce);
+        if (live == 1)
+            return 1;
+        if (live < 0) /* no OFD locks: the pid can be judged only in its own namespace */
+            return id.ns != me->ns ? 1 : pid != me->pid && pid_user_alive(pid, id.start, 0);
+        /* the stamper is gone. A vendor process may have taken the slot over since (it never
+         * rewrites the stamp): only a process with that pid here that maps the region is one. */
+        return pid != me->pid && pid_user_alive(pid, 0, 1) &&
+               !(id.ns == me->ns && vgpu_proc_starttime(pid) == id.start);
+    }
+    /* vendor slot or an older build of ours: the pid in our namespace, the vendor's own rule;
+     * a slot with our own pid that is not our slot was left by our previous image (exec) */
+    return pid != me->pid && pid_user_alive(pid, 0, thorough);
 }
 
 static void clear_usage(vgpu_proc_slot_t *s)
 {
     int d;
     for (d = 0; d < VGPU_MAX_DEVICES; d++) {
-        memset(&s->used[d], 0, sizeof s->used[d]);
+        __atomic_store_n(&s->used[d].context_size, 0, __ATOMIC_RELAXED);
+        __atomic_store_n(&s->used[d].module_size, 0, __ATOMIC_RELAXED);
+        __atomic_store_n(&s->used[d].data_size, 0, __ATOMIC_RELAXED);
+        __atomic_store_n(&s->used[d].offset, 0, __ATOMIC_RELAXED);
+        __atomic_store_n(&s->used[d].total, 0, __ATOMIC_RELAXED);
         memset(&s->device_util[d], 0, sizeof s->device_util[d]);
         s->monitorused[d] = 0;
     }
@@ -104,21 +170,21 @@ VGPU_HIDDEN void vgpu_region_free_slot(vgpu_proc_slot_t *s)
 {
     __atomic_store_n(&s->status, VGPU_SLOT_FREE, __ATOMIC_RELEASE);
     clear_usage(s);
-    __atomic_store_n(&s->unused[0], 0, __ATOMIC_RELAXED);
+    vgpu_stamp_clear(s);
     __atomic_store_n(&s->pid, 0, __ATOMIC_RELEASE);
 }
 
-VGPU_HIDDEN int vgpu_region_reap(vgpu_region_t *r)
+VGPU_HIDDEN int vgpu_region_reap(vgpu_region_t *r, int thorough)
 {
-    int i, n = __atomic_load_n(&r->proc_num, __ATOMIC_ACQUIRE), me = (int)getpid(), freed = 0;
+    int i, n = clamp_procs(__atomic_load_n(&r->proc_num, __ATOMIC_ACQUIRE)), freed = 0;
+    const vgpu_ident_t *me = vgpu_ident_self();
 
-    if (n > VGPU_MAX_PROCS)
-        n = VGPU_MAX_PROCS;
     for (i = 0; i < n; i++) {
         vgpu_proc_slot_t *s = &r->procs[i];
-        if (__atomic_load_n(&s->status, __ATOMIC_ACQUIRE) == VGPU_SLOT_FREE || s->pid == me)
-            continue;
-        if (!vgpu_region_slot_alive(s)) {
+        if (__atomic_load_n(&s->status, __ATOMIC_ACQUIRE) == VGPU_SLOT_FREE ||
+            __atomic_load_n(&s->used[0].unused[1], __ATOMIC_RELAXED) == me->nonce)
+            continue; /* free, or ours */
+        if (!vgpu_region_slot_alive(s, thorough)) {
             vgpu_region_free_slot(s);
             freed++;
         }
@@ -126,47 +192,64 @@ VGPU_HIDDEN int vgpu_region_reap(vgpu_region_t *r)
     return freed;
 }
 
-static void fill_slot(vgpu_proc_slot_t *s, int pid, uint64_t start)
+static void fill_slot(vgpu_proc_slot_t *s, const vgpu_ident_t *id)
 {
     clear_usage(s);
-    if (s->pid != pid)
-        s->hostpid = 0; /* the node side fills it for the new owner */
-    s->pid = pid;
-    s->unused[0] = start;
-    s->unused[1] = pid_ns();
+    s->hostpid = 0; /* the node side fills it for the new owner */
+    vgpu_stamp_write(s, id);
     __atomic_store_n(&s->status, VGPU_SLOT_RUNNING, __ATOMIC_RELEASE);
+}
+
+/* take slot i if it is still what we saw (status 0, pid `seen`): the lock makes this
+ * uncontended; the CAS keeps two claimers apart when the lock timed out */
+static int take(vgpu_proc_slot_t *s, int seen, int me)
+{
+    return __atomic_load_n(&s->status, __ATOMIC_ACQUIRE) == VGPU_SLOT_FREE &&
+           __atomic_compare_exchange_n(&s->pid, &seen, me, 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED);
 }
 
 VGPU_HIDDEN vgpu_proc_slot_t *vgpu_region_claim_slot(vgpu_region_t *r)
 {
-    int i, n, pass, me = (int)getpid();
-    uint64_t start = vgpu_proc_starttime(me);
+    const vgpu_ident_t *me = vgpu_ident_self();
+    int i, n, pass;
 
     for (pass = 0; pass < 2; pass++) {
-        n = __atomic_load_n(&r->proc_num, __ATOMIC_ACQUIRE);
-        if (n < 0)
-            n = 0;
-        if (n > VGPU_MAX_PROCS)
-            n = VGPU_MAX_PROCS;
-        /* a slot with our pid was left by our previous image (exec) or a dead namesake: reuse it */
-        for (i = 0; i < n; i++)
-            if (r->procs[i].pid == me && r->procs[i].status != VGPU_SLOT_FREE) {
-                vgpu_region_free_slot(&r->procs[i]);
-                fill_slot(&r->procs[i], me, start);
-                return &r->procs[i];
+        n = clamp_procs(__atomic_load_n(&r->proc_num, __ATOMIC_ACQUIRE));
+        /* a slot our previous image (exec: same pid, start time and namespace) left: reuse it */
+        for (i = 0; i < n; i++) {
+            vgpu_proc_slot_t *s = &r->procs[i];
+            vgpu_ident_t id;
+            if (s->pid == me->pid && s->status != VGPU_SLOT_FREE && vgpu_stamp_read(s, &id) &&
+                id.ns == me->ns && id.start == me->start && id.nonce != me->nonce &&
+                vgpu_live_probe(vgpu_region_lock_fd(), id.nonce) != 1) {
+                vgpu_region_free_slot(s);
+                if (take(s, 0, me->pid)) {
+                    fill_slot(s, me);
+                    return s;
+                }
             }
-        for (i = 0; i < n; i++)
-            if (__atomic_load_n(&r->procs[i].status, __ATOMIC_ACQUIRE) == VGPU_SLOT_FREE) {
-                fill_slot(&r->procs[i], me, start);
-                return &r->procs[i];
-            }
-        if (n < VGPU_MAX_PROCS) {
-            memset(&r->procs[n], 0, sizeof r->procs[n]);
-            fill_slot(&r->procs[n], me, start);
-            __atomic_store_n(&r->proc_num, n + 1, __ATOMIC_RELEASE);
-            return &r->procs[n];
         }
-        if (!vgpu_region_reap(r))
+        for (i = 0; i < n; i++) {
+            vgpu_proc_slot_t *s = &r->procs[i];
+            int seen = __atomic_load_n(&s->pid, __ATOMIC_RELAXED);
+            if (__atomic_load_n(&s->status, __ATOMIC_ACQUIRE) == VGPU_SLOT_FREE && take(s, seen, me->pid)) {
+                fill_slot(s, me);
+                return s;
+            }
+        }
+        while (n < VGPU_MAX_PROCS) {
+            int want = n;
+            /* status 0 until filled: the monitor skips it once proc_num covers it */
+            if (__atomic_compare_exchange_n(&r->proc_num, &want, n + 1, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+                vgpu_proc_slot_t *s = &r->procs[n];
+                __atomic_store_n(&s->status, VGPU_SLOT_FREE, __ATOMIC_RELAXED);
+                __atomic_store_n(&s->pid, me->pid, __ATOMIC_RELAXED);
+                fill_slot(s, me);
+                return s;
+            }
+            n = clamp_procs(want);
+        }
+        if (!vgpu_region_reap(r, 1))
             break;
     }
     return 0;
@@ -174,24 +257,119 @@ VGPU_HIDDEN vgpu_proc_slot_t *vgpu_region_claim_slot(vgpu_region_t *r)
 
 VGPU_HIDDEN uint64_t vgpu_region_sum_used(const vgpu_region_t *r, int dev)
 {
-    int i, n = __atomic_load_n(&r->proc_num, __ATOMIC_ACQUIRE);
-    uint64_t sum = 0;
+    int i, n = clamp_procs(__atomic_load_n(&r->proc_num, __ATOMIC_ACQUIRE));
+    uint64_t sum = 0, v;
 
-    if (n > VGPU_MAX_PROCS)
-        n = VGPU_MAX_PROCS;
+    if (dev < 0 || dev >= VGPU_MAX_DEVICES)
+        return 0;
     for (i = 0; i < n; i++)
-        if (__atomic_load_n(&r->procs[i].status, __ATOMIC_ACQUIRE) != VGPU_SLOT_FREE)
-            sum += __atomic_load_n(&r->procs[i].used[dev].total, __ATOMIC_RELAXED);
+        if (__atomic_load_n(&r->procs[i].status, __ATOMIC_ACQUIRE) != VGPU_SLOT_FREE) {
+            v = __atomic_load_n(&r->procs[i].used[dev].total, __ATOMIC_RELAXED);
+            sum = sum > UINT64_MAX - v ? UINT64_MAX : sum + v;
+        }
     return sum;
+}
+
+VGPU_HIDDEN const char *vgpu_region_table_insane(const vgpu_region_t *r)
+{
+    int i, d, n = r->proc_num;
+
+    if (n < 0 || n > VGPU_MAX_PROCS)
+        return "proc_num out of range";
+    if (r->device_num > VGPU_MAX_DEVICES)
+        return "device_num out of range";
+    for (i = 0; i < n; i++) {
+        const vgpu_proc_slot_t *s = &r->procs[i];
+        if (s->status != VGPU_SLOT_FREE && s->status != VGPU_SLOT_RUNNING && s->status != VGPU_SLOT_SUSPENDED)
+            return "a slot with an unknown status";
+        if (s->status == VGPU_SLOT_FREE)
+            continue;
+        if (s->pid <= 0)
+            return "a live slot without a pid";
+        for (d = 0; d < VGPU_MAX_DEVICES; d++)
+            if (s->used[d].total > SANE_BYTES)
+                return "a slot claiming more than 4 PiB";
+    }
+    return 0;
+}
+
+/* ---- our own slot: the shadow, the checks, relocation ---- */
+
+/* what we counted, per device: [0] data, [1] context, [2] module, [3] total */
+static uint64_t shadow[VGPU_MAX_DEVICES][4];
+
+VGPU_HIDDEN void vgpu_region_shadow_reset(void)
+{
+    memset(shadow, 0, sizeof shadow);
+}
+
+VGPU_HIDDEN uint64_t vgpu_region_self_used(int dev)
+{
+    return (dev >= 0 && dev < VGPU_MAX_DEVICES) ? __atomic_load_n(&shadow[dev][3], __ATOMIC_RELAXED) : 0;
+}
+
+VGPU_HIDDEN int vgpu_region_slot_is_self(const vgpu_region_t *r, const vgpu_proc_slot_t *s)
+{
+    const vgpu_ident_t *me = vgpu_ident_self();
+    return __atomic_load_n(&s->used[0].unused[1], __ATOMIC_RELAXED) == me->nonce &&
+           __atomic_load_n(&s->pid, __ATOMIC_RELAXED) == me->pid &&
+           __atomic_load_n(&s->status, __ATOMIC_RELAXED) != VGPU_SLOT_FREE &&
+           s - r->procs < __atomic_load_n(&r->proc_num, __ATOMIC_RELAXED);
+}
+
+static uint64_t *field(vgpu_proc_slot_t *s, int dev, int kind)
+{
+    return kind == VGPU_USE_CONTEXT ? &s->used[dev].context_size
+           : kind == VGPU_USE_MODULE ? &s->used[dev].module_size
+                                     : &s->used[dev].data_size;
+}
+
+static void write_shadow(vgpu_proc_slot_t *s)
+{
+    int d;
+    __atomic_fetch_add(&s->seqlock, 1, __ATOMIC_ACQ_REL);
+    for (d = 0; d < VGPU_MAX_DEVICES; d++) {
+        __atomic_store_n(&s->used[d].data_size, __atomic_load_n(&shadow[d][0], __ATOMIC_RELAXED), __ATOMIC_RELAXED);
+        __atomic_store_n(&s->used[d].context_size, __atomic_load_n(&shadow[d][1], __ATOMIC_RELAXED),
+                         __ATOMIC_RELAXED);
+        __atomic_store_n(&s->used[d].module_size, __atomic_load_n(&shadow[d][2], __ATOMIC_RELAXED),
+                         __ATOMIC_RELAXED);
+        __atomic_store_n(&s->used[d].total, __atomic_load_n(&shadow[d][3], __ATOMIC_RELAXED), __ATOMIC_RELAXED);
+    }
+    __atomic_fetch_add(&s->seqlock, 1, __ATOMIC_RELEASE);
+}
+
+/* lock held by the caller (shm.c). Our slot moved (a vendor peer compacted the table) or was
+ * taken from us: find the slot with our pid and nonce, else claim a fresh one; either way it gets
+ * exactly what the shadow says we hold. */
+VGPU_HIDDEN vgpu_proc_slot_t *vgpu_region_relocate(vgpu_region_t *r, vgpu_proc_slot_t *lost)
+{
+    int i, n = clamp_procs(__atomic_load_n(&r->proc_num, __ATOMIC_ACQUIRE));
+    vgpu_proc_slot_t *s = 0;
+
+    for (i = 0; i < n && !s; i++)
+        if (vgpu_region_slot_is_self(r, &r->procs[i]))
+            s = &r->procs[i];
+    if (!s) {
+        s = vgpu_region_claim_slot(r);
+        VGPU_INFO("our region slot %ld was taken over; claimed slot %ld", lost ? (long)(lost - r->procs) : -1L,
+                  s ? (long)(s - r->procs) : -1L);
+    } else if (s != lost) {
+        VGPU_INFO("our region slot moved from %ld to %ld (a peer compacted the table)",
+                  lost ? (long)(lost - r->procs) : -1L, (long)(s - r->procs));
+    }
+    if (s)
+        write_shadow(s);
+    return s;
 }
 
 /* Several of our threads may update at once; the seqlock is only a hint for lock-free readers
  * (each counter is itself atomic), so two fetch_adds bracket every update. */
-VGPU_HIDDEN void vgpu_slot_add(vgpu_proc_slot_t *s, int dev, uint64_t bytes)
+static void slot_add(vgpu_proc_slot_t *s, int dev, int kind, uint64_t bytes, int order)
 {
     __atomic_fetch_add(&s->seqlock, 1, __ATOMIC_ACQ_REL);
-    __atomic_fetch_add(&s->used[dev].data_size, bytes, __ATOMIC_RELAXED);
-    __atomic_fetch_add(&s->used[dev].total, bytes, __ATOMIC_RELAXED);
+    __atomic_fetch_add(field(s, dev, kind), bytes, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&s->used[dev].total, bytes, order);
     __atomic_fetch_add(&s->seqlock, 1, __ATOMIC_RELEASE);
 }
 
@@ -203,12 +381,66 @@ static void sub_saturating(uint64_t *p, uint64_t bytes)
         ;
 }
 
-VGPU_HIDDEN void vgpu_slot_sub(vgpu_proc_slot_t *s, int dev, uint64_t bytes)
+static void slot_sub(vgpu_proc_slot_t *s, int dev, int kind, uint64_t bytes)
 {
     __atomic_fetch_add(&s->seqlock, 1, __ATOMIC_ACQ_REL);
-    sub_saturating(&s->used[dev].data_size, bytes);
+    sub_saturating(field(s, dev, kind), bytes);
     sub_saturating(&s->used[dev].total, bytes);
     __atomic_fetch_add(&s->seqlock, 1, __ATOMIC_RELEASE);
+}
+
+static void shadow_add(int dev, int kind, uint64_t bytes)
+{
+    __atomic_fetch_add(&shadow[dev][kind], bytes, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&shadow[dev][3], bytes, __ATOMIC_RELAXED);
+}
+
+static void shadow_sub(int dev, int kind, uint64_t bytes)
+{
+    sub_saturating(&shadow[dev][kind], bytes);
+    sub_saturating(&shadow[dev][3], bytes);
+}
+
+/* for callers outside region/ that charge our own slot directly (accounting's forced charges):
+ * the shadow follows, so a relocation after a vendor compaction keeps these bytes too */
+VGPU_HIDDEN void vgpu_slot_add(vgpu_proc_slot_t *s, int dev, uint64_t bytes)
+{
+    shadow_add(dev, VGPU_USE_DATA, bytes);
+    slot_add(s, dev, VGPU_USE_DATA, bytes, __ATOMIC_RELAXED);
+}
+
+VGPU_HIDDEN void vgpu_slot_sub(vgpu_proc_slot_t *s, int dev, uint64_t bytes)
+{
+    shadow_sub(dev, VGPU_USE_DATA, bytes);
+    slot_sub(s, dev, VGPU_USE_DATA, bytes);
+}
+
+/* ---- limits ---- */
+
+static uint64_t stricter(uint64_t region, uint64_t env)
+{
+    return (!region || (env && env < region)) ? env : region;
+}
+
+VGPU_HIDDEN uint64_t vgpu_region_limit(int dev)
+{
+    vgpu_region_t *r = vgpu_region_get();
+
+    if (dev < 0 || dev >= VGPU_MAX_DEVICES)
+        return 0;
+    return r ? stricter(__atomic_load_n(&r->limit[dev], __ATOMIC_RELAXED), vgpu_limits_env(dev))
+             : vgpu_limits_env(dev);
+}
+
+VGPU_HIDDEN uint64_t vgpu_region_sm_limit(int dev)
+{
+    vgpu_region_t *r = vgpu_region_get();
+    uint64_t v;
+
+    if (dev < 0 || dev >= VGPU_MAX_DEVICES)
+        return 0;
+    v = r ? __atomic_load_n(&r->sm_limit[dev], __ATOMIC_RELAXED) : 0;
+    return stricter(v >= 100 ? 0 : v, vgpu_limits_env_sm(dev));
 }
 
 /* Publish the claim (a seq_cst add on our own slot), full fence, then sum every live slot, our
@@ -218,21 +450,33 @@ VGPU_HIDDEN void vgpu_slot_sub(vgpu_proc_slot_t *s, int dev, uint64_t bytes)
  * would have fitted (both see each other, both withdraw); it can never exceed the limit. The
  * transient claim is visible to lock-free readers (the monitor, cuMemGetInfo) for the few ns it
  * lives. */
-static uint64_t claim(vgpu_proc_slot_t *self, vgpu_region_t *r, int dev, uint64_t bytes)
+static uint64_t claim(vgpu_proc_slot_t *self, vgpu_region_t *r, int dev, int kind, uint64_t bytes)
 {
-    __atomic_fetch_add(&self->seqlock, 1, __ATOMIC_ACQ_REL);
-    __atomic_fetch_add(&self->used[dev].data_size, bytes, __ATOMIC_RELAXED);
-    __atomic_fetch_add(&self->used[dev].total, bytes, __ATOMIC_SEQ_CST);
-    __atomic_fetch_add(&self->seqlock, 1, __ATOMIC_RELEASE);
+    slot_add(self, dev, kind, bytes, __ATOMIC_SEQ_CST);
     __atomic_thread_fence(__ATOMIC_SEQ_CST);
     return vgpu_region_sum_used(r, dev);
+}
+
+static int self_only; /* the shared table turned to garbage after attach: judge our own usage only */
+
+static int corrupt(vgpu_region_t *r, int dev, uint64_t sum)
+{
+    uint64_t mine = vgpu_region_self_used(dev);
+
+    if (sum <= SANE_BYTES || sum - mine <= SANE_BYTES)
+        return 0;
+    (void)r;
+    if (!__atomic_exchange_n(&self_only, 1, __ATOMIC_RELAXED))
+        VGPU_WARN("region usage of device %d sums to %llu bytes: the process table is corrupt; memory limits "
+                  "are per process only from now on", dev, (unsigned long long)sum);
+    return 1;
 }
 
 /* Fast path, no lock: claim and check. Only when that fails, under the lock: claim again (the
  * same order: the lock serialises slow paths and reaping, not fast paths, and the limit does not
  * depend on it, so a lock timeout is safe too), and when still over, reap dead peers and sum again
  * (a later sum than the first: it still sees every claim the first one had to see). */
-VGPU_HIDDEN int vgpu_region_reserve(int dev, uint64_t bytes)
+VGPU_HIDDEN int vgpu_region_reserve_kind(int dev, uint64_t bytes, int kind)
 {
     vgpu_proc_slot_t *self = vgpu_region_self();
     vgpu_region_t *r = vgpu_region_get();
@@ -241,30 +485,55 @@ VGPU_HIDDEN int vgpu_region_reserve(int dev, uint64_t bytes)
 
     if (!self || !r)
         return -2;
-    limit = __atomic_load_n(&r->limit[dev], __ATOMIC_RELAXED);
+    limit = vgpu_region_limit(dev);
     if (!limit) { /* no limit: nothing to check against, no lock */
-        vgpu_slot_add(self, dev, bytes);
+        shadow_add(dev, kind, bytes);
+        slot_add(self, dev, kind, bytes, __ATOMIC_RELAXED);
         return 0;
     }
     if (bytes > limit)
         return -1;
-    if (VGPU_LIKELY(claim(self, r, dev, bytes) <= limit))
+    if (VGPU_UNLIKELY(__atomic_load_n(&self_only, __ATOMIC_RELAXED))) {
+        if (vgpu_region_self_used(dev) > limit - bytes)
+            return -1;
+        shadow_add(dev, kind, bytes);
+        slot_add(self, dev, kind, bytes, __ATOMIC_RELAXED);
         return 0;
-    vgpu_slot_sub(self, dev, bytes);
+    }
+    shadow_add(dev, kind, bytes);
+    if (VGPU_LIKELY(claim(self, r, dev, kind, bytes) <= limit))
+        return 0;
+    slot_sub(self, dev, kind, bytes);
     vgpu_region_lock();
-    sum = claim(self, r, dev, bytes);
-    if (sum > limit && vgpu_region_reap(r)) /* dead peers' usage out, then decide */
+    sum = claim(self, r, dev, kind, bytes);
+    if (sum > limit && vgpu_region_reap(r, 1)) /* dead peers' usage out, then decide */
         sum = vgpu_region_sum_used(r, dev);
+    if (sum > limit && corrupt(r, dev, sum))
+        sum = vgpu_region_self_used(dev);
     ok = sum <= limit;
-    if (!ok)
-        vgpu_slot_sub(self, dev, bytes);
+    if (!ok) {
+        slot_sub(self, dev, kind, bytes);
+        shadow_sub(dev, kind, bytes);
+    }
     vgpu_region_unlock();
     return ok ? 0 : -1;
 }
 
-VGPU_HIDDEN void vgpu_region_release(int dev, uint64_t bytes)
+VGPU_HIDDEN int vgpu_region_reserve(int dev, uint64_t bytes)
+{
+    return vgpu_region_reserve_kind(dev, bytes, VGPU_USE_DATA);
+}
+
+VGPU_HIDDEN void vgpu_region_release_kind(int dev, uint64_t bytes, int kind)
 {
     vgpu_proc_slot_t *self = vgpu_region_self();
-    if (self)
-        vgpu_slot_sub(self, dev, bytes);
+    if (!self)
+        return;
+    shadow_sub(dev, kind, bytes);
+    slot_sub(self, dev, kind, bytes);
+}
+
+VGPU_HIDDEN void vgpu_region_release(int dev, uint64_t bytes)
+{
+    vgpu_region_release_kind(dev, bytes, VGPU_USE_DATA);
 }

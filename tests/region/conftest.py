@@ -19,6 +19,15 @@ def region_tool(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+@pytest.fixture(scope="session")
+def vendor_double(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A vendor-format region writer (c_src/tests/region/vendor_double.c), built once per session."""
+    out = tmp_path_factory.mktemp("vendor-double") / "vendor_double"
+    src = C_SRC / "tests" / "region" / "vendor_double.c"
+    subprocess.run([_cc(), *CFLAGS, str(src), "-o", str(out), "-lpthread"], check=True)
+    return out
+
+
 @pytest.fixture
 def region_env(tmp_path: Path) -> dict[str, str]:
     """A clean environment whose region file lives in this test's tmp dir."""

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from vgpu_patch.errors import LimitParseError
-from vgpu_patch.limits import parse_limit
+from vgpu_patch.limits import parse_limit, parse_sm_limit
 
 C_SRC = Path(__file__).resolve().parents[2] / "c_src"
 
@@ -25,6 +25,14 @@ __attribute__((visibility("default"))) int test_parse(const char *s, unsigned lo
     *out = v;
     return rc;
 }
+__attribute__((visibility("default"))) int test_sm_parse(const char *s, unsigned long long *out)
+{
+    uint64_t v = 0;
+    const char *why = 0;
+    int rc = vgpu_sm_parse(s, &v, &why);
+    *out = v;
+    return rc;
+}
 """
 
 
@@ -36,19 +44,32 @@ def c_parse(tmp_path_factory: pytest.TempPathFactory):
     subprocess.run(["gcc", "-shared", "-fPIC", "-fvisibility=hidden", "-O2", "-Wall", "-Wextra", "-Werror",
                     f"-I{C_SRC}", str(d / "wrap.c"), "-o", str(so)], check=True, capture_output=True, text=True)
     ffi = cffi.FFI()
-    ffi.cdef("int test_parse(const char *s, unsigned long long *out);")
+    ffi.cdef("int test_parse(const char *s, unsigned long long *out);"
+             "int test_sm_parse(const char *s, unsigned long long *out);")
     lib = ffi.dlopen(str(so))
 
     def parse(text: str) -> int | None:
         out = ffi.new("unsigned long long *")
         return out[0] if lib.test_parse(text.encode(), out) == 0 else None
 
+    def sm(text: str) -> int | None:
+        out = ffi.new("unsigned long long *")
+        return out[0] if lib.test_sm_parse(text.encode(), out) == 0 else None
+
+    parse.sm = sm
     return parse
 
 
 def py_parse(text: str) -> int | None:
     try:
         return parse_limit(text)
+    except LimitParseError:
+        return None
+
+
+def py_sm(text: str) -> int | None:
+    try:
+        return parse_sm_limit(text)
     except LimitParseError:
         return None
 
@@ -60,7 +81,21 @@ KNOWN = {
     "": None, "1.5g": None, "-1": None, "+1": None, " 1m": None, "1m ": None, "0x10": None, "10x": None, "m": None,
     "1gg": None, "1bi": None, "18446744073709551616": None, "16777216t": None, "1e3": None, "1\u0660": None,
     "1\u212a": None,  # Kelvin sign lower-cases to 'k' in Python: must still be rejected
+    "0" * 5000 + "1m": 1 << 20,  # Python's int() refuses 4301+ digits; leading zeros are fine in C
+    "9" * 5000: None, "1" + "0" * 4400 + "g": None,
 }
+
+SM_KNOWN = {
+    "50": 50, "050": 50, "0": 0, "100": 100, "150": 150, "0" * 5000 + "7": 7, "18446744073709551615": 2**64 - 1,
+    "50%": None, "+50": None, "50 ": None, " 50": None, "": None, "-1": None, "5e1": None, "50m": None,
+    "0x32": None, "50.0": None, "18446744073709551616": None, "\u0665\u0660": None, "9" * 5000: None,
+}
+
+
+@pytest.mark.parametrize("text,expected", sorted(SM_KNOWN.items()))
+def test_known_sm_values(c_parse, text: str, expected: int | None) -> None:
+    assert py_sm(text) == expected
+    assert c_parse.sm(text) == expected
 
 
 @pytest.mark.parametrize("text,expected", sorted(KNOWN.items()))
@@ -83,3 +118,27 @@ near_grammar = st.builds(
 @given(st.text(ALPHABET, max_size=24) | near_grammar | st.text(st.characters(blacklist_characters="\x00", blacklist_categories=("Cs",)), max_size=8))
 def test_c_and_python_agree(c_parse, text: str) -> None:
     assert c_parse(text) == py_parse(text)
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.text("0123456789%+- .xe\u0660", max_size=24) | st.integers(min_value=0, max_value=2**66).map(str)
+       | st.text("0", min_size=4290, max_size=4310).map(lambda z: z + "5"))
+def test_c_and_python_agree_on_sm_limits(c_parse, text: str) -> None:
+    assert c_parse.sm(text) == py_sm(text)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(min_value=4200, max_value=4400), st.sampled_from(["", "m", "g", "1", "9"]))
+def test_long_digit_strings_agree(c_parse, zeros: int, tail: str) -> None:
+    text = "0" * zeros + tail
+    assert c_parse(text) == py_parse(text)
+
+
+def test_sm_limits_from_env_maps_none_like_the_shim() -> None:
+    from vgpu_patch.limits import sm_limits_from_env
+
+    got = sm_limits_from_env({"CUDA_DEVICE_SM_LIMIT": "100", "CUDA_DEVICE_SM_LIMIT_1": "30",
+                              "CUDA_DEVICE_SM_LIMIT_2": "0", "CUDA_DEVICE_SM_LIMIT_3": "150"})
+    assert (got[0], got[1], got[2], got[3], got[15]) == (0, 30, 0, 0, 0)
+    with pytest.raises(LimitParseError, match="CUDA_DEVICE_SM_LIMIT_4='50%'"):
+        sm_limits_from_env({"CUDA_DEVICE_SM_LIMIT_4": "50%"})

@@ -93,8 +93,15 @@ static CUresult capturing(CUstream s, CUstreamCaptureStatus *st)
     return CUDA_SUCCESS;
 }
 
+static CUresult count(int *n)
+{
+    *n = 1;
+    return CUDA_SUCCESS;
+}
+
 VGPU_HIDDEN int vgpu_limiter_ops_load(vgpu_limiter_ops_t *ops)
 {
+    ops->device_count = count;
     ops->ctx_get_device = get_device;
     ops->ctx_get_current = get_current;
     ops->event_create = ev_create;
@@ -132,7 +139,7 @@ int main(int argc, char **argv)
     gpu_free_at = t0;
     for (i = 0; i < n; i++) {
         if (__builtin_expect(vgpu_limiter_enabled, 0)) /* exactly what the launch wrappers do */
-            vgpu_limiter_before_launch((CUstream)0);
+            vgpu_limiter_before_launch((CUstream)0, 0);
         gpu_free_at = max_ll(now_ns(), gpu_free_at) + k_ns; /* the launch */
         if (__builtin_expect(vgpu_limiter_enabled, 0))
             vgpu_limiter_after_launch((CUstream)0);
@@ -142,7 +149,7 @@ int main(int argc, char **argv)
             sleep_until(now_ns() + 4 * k_ns);
     }
     sleep_until(gpu_free_at);
-    printf("enabled=%d wall_ms=%.3f gpu_ms=%.3f\n", vgpu_limiter_enabled, (double)(now_ns() - t0) / 1e6,
+    printf("enabled=%d wall_ms=%.3f gpu_ms=%.3f\n", vgpu_limiter_throttles(), (double)(now_ns() - t0) / 1e6,
            (double)gpu_ns / 1e6);
     return 0;
 }

@@ -7,6 +7,8 @@
  *   sleep:MS  kill (SIGKILL ourselves)  detach  fork:STEPS (run ';'-separated steps in a child, wait)
  *   exec:STEPS              replace this image with a fresh region_tool running STEPS (same pid)
  *   lockhold:MS             hold the region lock for MS milliseconds
+ *   locktime                take and drop the region lock; prints rc and how long it took
+ *   forksleep:MS            fork a child that sleeps MS ms without exec or any region use (not waited for)
  *   bench:N:BYTES           time N reserve+release pairs on device 0; prints ns per pair
  *   benchcas:N:BYTES        the same with a process-local CAS counter (the fallback's cost)
  */
@@ -139,6 +141,18 @@ static int step(char *s)
         fflush(stdout);
         msleep(d);
         vgpu_region_unlock();
+    } else if (!strcmp(s, "locktime")) {
+        long long t0 = mono_ns();
+        int rc = vgpu_region_lock();
+        vgpu_region_unlock();
+        printf("lock rc=%d ms=%.1f\n", rc, (double)(mono_ns() - t0) / 1e6);
+    } else if (sscanf(s, "forksleep:%d", &d) == 1) {
+        fflush(stdout);
+        if (fork() == 0) {
+            msleep(d);
+            _exit(0);
+        }
+        printf("forked\n");
     } else if (sscanf(s, "bench:%d:%llu", &d, &n) == 2) {
         long long t0 = mono_ns();
         int i, bad = 0;
