@@ -89,6 +89,15 @@ VGPU_HIDDEN uint64_t vgpu_budget_limit(int dev)
     return r ? vgpu_region_limit(dev) : vgpu_limits_env(dev);
 }
 
+VGPU_HIDDEN uint64_t vgpu_budget_limit_peek(int dev)
+{
+    if (!in_range(dev))
+        return 0;
+    if (__atomic_load_n(&state, __ATOMIC_ACQUIRE) == 1 && vgpu_region_get())
+        return vgpu_region_limit(dev);
+    return vgpu_limits_env(dev);
+}
+
 static int local_reserve(int dev, uint64_t bytes)
 {
     uint64_t limit = vgpu_limits_env(dev), cur;

@@ -20,5 +20,7 @@ VGPU_HIDDEN void vgpu_budget_atfork_child(void);
 VGPU_HIDDEN uint64_t vgpu_budget_used(int dev);
 /* bytes, 0 = no limit */
 VGPU_HIDDEN uint64_t vgpu_budget_limit(int dev);
+/* the same without attaching the region (a process that never allocates never creates one) */
+VGPU_HIDDEN uint64_t vgpu_budget_limit_peek(int dev);
 
 #endif

@@ -190,7 +190,7 @@ VGPU_HIDDEN void vgpu_overhead_refresh(int dev, int force)
 {
     struct dev_state *s;
 
-    if (dev < 0 || dev >= VGPU_MAX_DEVICES || !vgpu_budget_limit(dev))
+    if (dev < 0 || dev >= VGPU_MAX_DEVICES || !vgpu_budget_limit_peek(dev))
         return;
     s = &devs[dev];
     if (!force && now_ns() - __atomic_load_n(&s->last_ns, __ATOMIC_RELAXED) < NEAR_LIMIT_INTERVAL_NS)
@@ -218,7 +218,7 @@ VGPU_HIDDEN void vgpu_overhead_before_ctx(int dev, struct vgpu_ctx_probe *p)
     p->dev = dev;
     p->armed = 0;
     p->npids = 0;
-    if (dev < 0 || dev >= VGPU_MAX_DEVICES || !vgpu_budget_limit(dev) || !(h = nvml_of(dev)))
+    if (dev < 0 || dev >= VGPU_MAX_DEVICES || !vgpu_budget_limit_peek(dev) || !(h = nvml_of(dev)))
         return;
     if (device_used(h, &p->used_before) != 0)
         return;
