@@ -64,7 +64,7 @@ def prove(path: Path, *, machine: str, glibc: str | None, exports: list[str] | N
         if too_new:
             raise BuildError(
                 f"{where} needs {', '.join(too_new)} but the floor is glibc {glibc}: "
-                "build with `--compiler zig` (pip install ziglang) or on a host with an older glibc"
+                "build with `--compiler zig` (pip install 'vgpu-patch[build]') or on a host with an older glibc"
             )
     if facts.exec_stack:
         raise BuildError(f"{where} asks for an executable stack: mark every .S file with .note.GNU-stack")

@@ -1,4 +1,4 @@
-"""The interposition surface: what our shim exports (c_src/interpose/hooks.def) and what the vendor's does.
+"""The interposition surface: what our shim exports (hooks.def, see sources.py) and what the vendor's does.
 
 One home for both lists. `hooks.def` is the single table the C build expands (X-macro) into the
 real-pointer table, the generated pass-through trampolines and the export version script; this module
@@ -12,8 +12,8 @@ from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-HOOKS_DEF = REPO_ROOT / "c_src" / "interpose" / "hooks.def"
+from .sources import find_hooks_def
+
 
 # HOOK(name, lib, kind[, more fields appended later])
 _HOOK_RE = re.compile(r"^\s*HOOK\(\s*(\w+)\s*,\s*(\w+)\s*,\s*(\w+)\s*(?:,[^)]*)?\)")
@@ -26,10 +26,10 @@ class Hook:
     kind: str  # PASS (generated trampoline) | OWN (C wrapper) | STUB (vendor-compat no-op)
 
 
-def parse_hooks(path: Path = HOOKS_DEF) -> list[Hook]:
-    """Every HOOK(...) line of hooks.def, in file order."""
+def parse_hooks(path: Path | None = None) -> list[Hook]:
+    """Every HOOK(...) line of hooks.def (default: the packaged one), in file order."""
     hooks = []
-    for line in path.read_text().splitlines():
+    for line in (path or find_hooks_def()).read_text().splitlines():
         m = _HOOK_RE.match(line)
         if m:
             hooks.append(Hook(*m.groups()))
@@ -40,17 +40,17 @@ def parse_hooks(path: Path = HOOKS_DEF) -> list[Hook]:
 _PTSZ_RE = re.compile(r"^\s*PTSZ\(\s*(\w+)\s*,\s*(\w+)\s*\)")
 
 
-def wrapped_variants(path: Path = HOOKS_DEF) -> dict[str, str]:
+def wrapped_variants(path: Path | None = None) -> dict[str, str]:
     """variant -> base for every PTSZ(...) line: handed out by cuGetProcAddress/dlsym only."""
     out = {}
-    for line in path.read_text().splitlines():
+    for line in (path or find_hooks_def()).read_text().splitlines():
         m = _PTSZ_RE.match(line)
         if m:
             out[m.group(1)] = m.group(2)
     return out
 
 
-def exported_names(path: Path = HOOKS_DEF) -> list[str]:
+def exported_names(path: Path | None = None) -> list[str]:
     """The names our shim must export, sorted."""
     return sorted(h.name for h in parse_hooks(path))
 

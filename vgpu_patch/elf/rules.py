@@ -183,7 +183,7 @@ def surface_missing(c: Context) -> RuleResult:
     absent = sorted(set(missing) - c.cand.symtab_definitions(missing).keys())
     if absent:
         return RuleResult("surface-missing", "fail", f"{len(absent)} of {len(c.surface)} {c.ref} surface names "
-                          f"are not defined: {listing(absent)}; add them to c_src/interpose/hooks.def", tuple(absent))
+                          f"are not defined: {listing(absent)}; add them to hooks.def (HOOK lines)", tuple(absent))
     return RuleResult("surface-missing", "pass", f"all {len(c.surface)} {c.ref} surface names are defined")
 
 
