@@ -27,7 +27,8 @@ stable; add to it, never rename.
         As root only: creates the unix user (`useradd -m`, account unlocked for key login), adds
         `/etc/sudoers.d/vgpu-patch-test-<user>` allowing `NOPASSWD` exactly /bin/sh and /usr/bin/sh
         (the tool runs every privileged step as `sudo -n sh -c SCRIPT`), optionally with `requiretty`.
-        sudo=False removes any such rule (to test a refused sudo). The user's shell is /bin/sh. Raises `HarnessUnavailable` when not root;
+        sudo=False removes any such rule (to test a refused sudo). The user's shell is /bin/sh.
+        Raises `HarnessUnavailable` when not root;
         `require_root()` turns that into a pytest skip.
     SSHD(dir, client_key=other.key_path)            # reuse one client key across a fleet (fast, one agent)
 
@@ -36,11 +37,13 @@ Module helpers for fleets: `inventory_ini(servers, path, group="gpu")`, `invento
 
 Needs /usr/sbin/sshd and ssh-keygen. Root is not required for a server logging in the current user.
 authorized_keys lives in its own world-readable tmp dir (sshd reads it as the login user, and
-pytest's tmp dirs are 0700). Users are left in place at exit (shared by later runs); the sudoers rules this process wrote are removed.
+pytest's tmp dirs are 0700). Users are left in place at exit (shared by later runs); the sudoers rules
+this process wrote are removed.
 """
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import pwd
 import shutil
@@ -49,9 +52,9 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Iterable, Sequence
 
 SSHD_BIN = os.environ.get("VGPU_TEST_SSHD", "/usr/sbin/sshd")
 SUDO_SHELLS = ("/bin/sh", "/usr/bin/sh")
@@ -101,7 +104,7 @@ def _ensure_user(name: str) -> None:
         proc = subprocess.run(["useradd", "-m", "-s", "/bin/sh", name], capture_output=True, text=True)
         # 9 = already exists (another test session created it meanwhile).
         if proc.returncode not in (0, 9):
-            raise HarnessUnavailable(f"useradd {name} failed: {proc.stderr.strip()}")
+            raise HarnessUnavailable(f"useradd {name} failed: {proc.stderr.strip()}") from None
     # useradd leaves the password "!" (locked); sshd without PAM refuses locked accounts. "*" = no password.
     subprocess.run(["usermod", "-p", "*", name], check=True, capture_output=True)
 
@@ -236,7 +239,7 @@ class SSHD:
             )
         )
 
-    def start(self) -> "SSHD":
+    def start(self) -> SSHD:
         if self.proc is not None:
             return self
         if os.geteuid() == 0:
@@ -247,7 +250,7 @@ class SSHD:
                 self.port = _free_port()
             self.alias = self.alias or f"vgpu-node-{self.port}"
             self._write_config()
-            log = open(self.log_path, "ab")
+            log = open(self.log_path, "ab")  # noqa: SIM115 - sshd writes to it for its whole life
             self.proc = subprocess.Popen(
                 [SSHD_BIN, "-D", "-e", "-f", str(self.config_path)],
                 stdin=subprocess.DEVNULL,
@@ -296,7 +299,7 @@ class SSHD:
             self.kill_sessions()
         self._terminate()
 
-    def __enter__(self) -> "SSHD":
+    def __enter__(self) -> SSHD:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
@@ -334,10 +337,8 @@ class SSHD:
         if not children:
             pids = [p for p in pids if _comm(p) in ("sshd", "sshd-session")]
         for pid in pids:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         return len(pids)
 
     def rotate_host_key(self) -> None:

@@ -24,8 +24,8 @@ from typing import Any
 
 from . import __version__, elfproof, headers, manifest, toolchain
 from .digest import sha256_file
-from .sources import HOOKS_DEF_PLACES, c_src_dir, find_hooks_def
 from .errors import BuildError, UsageError
+from .sources import HOOKS_DEF_PLACES, c_src_dir, find_hooks_def
 from .surface import exported_names
 
 SRC_DIR = c_src_dir()  # the packaged shim sources (sources.py)
@@ -55,7 +55,8 @@ class Profile:
 PROFILES: dict[str, Profile] = {
     "release": Profile("release", ("-O2", "-g0"), (), "optimised, no debug info (default)"),
     # c_src/log/log.h compiles VGPU_DEBUG(...) logging in only under VGPU_DEBUG_BUILD
-    "debug": Profile("debug", ("-O0", "-g"), ("VGPU_DEBUG_BUILD=1",), "no optimisation, debug info, VGPU_DEBUG logging"),
+    "debug": Profile("debug", ("-O0", "-g"), ("VGPU_DEBUG_BUILD=1",), "no optimisation, debug info, VGPU_DEBUG "
+                                                                      "logging"),
 }
 
 
@@ -232,7 +233,8 @@ def build_shim(
             jobs.append((tc.argv + cflags + ["-c", rel.as_posix(), "-o", str(obj)], f"compiling {rel.as_posix()}"))
         workers = max(1, min(len(jobs), os.cpu_count() or 1))
         with ThreadPoolExecutor(max_workers=workers) as pool:
-            futures = [pool.submit(_run, argv, cwd=src_dir, env=env, what=what, log_dir=build_dir) for argv, what in jobs]
+            futures = [pool.submit(_run, argv, cwd=src_dir, env=env, what=what, log_dir=build_dir)
+                       for argv, what in jobs]
             for fut in futures:
                 fut.result()  # re-raises the first failure in source order
 

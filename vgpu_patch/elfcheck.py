@@ -49,7 +49,7 @@ def check_file(candidate: Path, *, vendor: Path | None = None, glibc: str | None
     vend = read_facts(Path(vendor), role="vendor") if vendor is not None else None
     want = arch or (vend.arch if vend else None)
     if want and cand.arch != want:
-        whose = f"--arch {arch}" if arch else f"the vendor file ({vend.arch})"
+        whose = f"--arch {arch}" if arch else f"the vendor file ({want})"
         raise ElfError(f"candidate {candidate} is {cand.arch}, but {whose} asks for {want}; "
                        f"build for {want} or check it with --arch {cand.arch}")
     if vend is not None and arch and vend.arch != arch:

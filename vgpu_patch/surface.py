@@ -14,7 +14,6 @@ from pathlib import Path
 
 from .sources import find_hooks_def
 
-
 # HOOK(name, lib, kind[, more fields appended later])
 _HOOK_RE = re.compile(r"^\s*HOOK\(\s*(\w+)\s*,\s*(\w+)\s*,\s*(\w+)\s*(?:,[^)]*)?\)")
 

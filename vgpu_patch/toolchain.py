@@ -162,7 +162,8 @@ def resolve(compiler: str | None, arch: str | None, glibc: str | None) -> Toolch
     if compiler == "zig":
         base = _zig_argv()
         if base is None:
-            raise BuildError("zig not found (tried `python -m ziglang` and `zig` on PATH): run `pip install 'vgpu-patch[build]'`")
+            raise BuildError("zig not found (tried `python -m ziglang` and `zig` on PATH): run `pip install "
+                             "'vgpu-patch[build]'`")
         return _zig(base, arch, glibc)
     path = shutil.which(compiler)
     if path is None:

@@ -53,8 +53,9 @@ def test_default_manifest_is_valid_and_narrow() -> None:
 
 def test_options_reach_the_manifest() -> None:
     sha = "ab" * 32
-    doc = render("--image", "reg.example/agent:9", "--namespace", "gpu-ops", "--node-selector", "nvidia.com/gpu.present=true",
-                 "--node-selector", "gpu=on", "--host-dir", "/srv/vgpu/", "--sha256", sha.upper(), "--metrics-port", "0",
+    doc = render("--image", "reg.example/agent:9", "--namespace", "gpu-ops",
+                 "--node-selector", "nvidia.com/gpu.present=true", "--node-selector", "gpu=on",
+                 "--host-dir", "/srv/vgpu/", "--sha256", sha.upper(), "--metrics-port", "0",
                  "--max-unavailable", "25%", "--priority-class", "")
     validate(doc)
     pod = doc["spec"]["template"]["spec"]
@@ -69,8 +70,9 @@ def test_options_reach_the_manifest() -> None:
     assert doc["spec"]["updateStrategy"]["rollingUpdate"]["maxUnavailable"] == "25%"
 
 
-@pytest.mark.parametrize("argv", [["--node-selector", "gpu"], ["--node-selector", "bad key=1"], ["--namespace", "Bad_NS"],
-                                  ["--host-dir", "/usr"], ["--sha256", "xyz"], ["--max-unavailable", "many"]])
+@pytest.mark.parametrize("argv", [["--node-selector", "gpu"], ["--node-selector", "bad key=1"],
+                                  ["--namespace", "Bad_NS"], ["--host-dir", "/usr"], ["--sha256", "xyz"],
+                                  ["--max-unavailable", "many"]])
 def test_bad_options_are_usage_errors(argv: list[str]) -> None:
     proc = subprocess.run([sys.executable, "-m", "vgpu_patch.cli", "daemonset", *argv], capture_output=True, text=True)
     assert proc.returncode == 2, proc.stderr

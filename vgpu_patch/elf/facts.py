@@ -69,7 +69,8 @@ class ElfFacts:
     imports: list[Import] = field(default_factory=list)
     version_defs: list[str] = field(default_factory=list)  # non-base .gnu.version_d names
     has_symtab: bool = False
-    _symtab_memo: dict[frozenset[str], dict[str, tuple[str, str]]] = field(default_factory=dict, repr=False, compare=False)
+    _symtab_memo: dict[frozenset[str], dict[str, tuple[str, str]]] = field(
+        default_factory=dict, repr=False, compare=False)
 
     @property
     def arch(self) -> str | None:

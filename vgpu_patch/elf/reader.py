@@ -161,7 +161,7 @@ class ElfImage:
 
     def search(self, pattern: re.Pattern[bytes]) -> re.Match[bytes] | None:
         """The first match in the file (read the match before close(): it points into the map)."""
-        return pattern.search(self._map)  # type: ignore[call-overload]  # mmap is a bytes-like buffer
+        return pattern.search(self._map)  # mmap is a bytes-like buffer
 
     def first(self, sh_type: int) -> Section | None:
         return next((s for s in self.sections if s.type == sh_type), None)
