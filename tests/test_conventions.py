@@ -52,9 +52,14 @@ def test_status_of_a_node_without_a_library_exits_1_and_says_so(tmp_path: Path) 
     assert "no libvgpu.so" in doc["nodes"][0]["result"]["problem"]
 
 
-def test_every_reporting_command_documents_carry_a_schema(tmp_path: Path) -> None:
-    p = vgpu("daemonset", "--json")
-    assert json.loads(p.stdout)["schema"].startswith("vgpu-patch/"), p.stderr
+def test_a_kubernetes_document_names_its_schema_with_apiversion_and_kind() -> None:
+    doc = json.loads(vgpu("daemonset", "--json").stdout)  # kubectl refuses unknown top-level fields
+    assert doc["apiVersion"] == "apps/v1" and doc["kind"] == "DaemonSet" and "schema" not in doc
+
+
+def test_a_region_failure_document_carries_a_schema(tmp_path: Path) -> None:
+    p = vgpu("region", "--json", str(tmp_path / "missing.cache"))
+    assert json.loads(p.stdout)["schema"].startswith("vgpu-patch/"), p
 
 
 class _Tty:

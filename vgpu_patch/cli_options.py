@@ -28,10 +28,12 @@ def schema_name(kind: str) -> str:
 def emit_json(doc: dict[str, Any], kind: str | None = None) -> None:
     """Write exactly one JSON document to stdout, with a `schema` key naming what it is.
 
-    `kind` defaults to the running command's name (`status` -> `vgpu-patch/status/1`).
+    `kind` defaults to the running command's name (`status` -> `vgpu-patch/status/1`). A Kubernetes
+    object (`daemonset --json`) is left as it is: its apiVersion and kind are its schema, and
+    `kubectl apply` would refuse an unknown top-level field.
     """
     global _emitted
-    if "schema" not in doc:
+    if "schema" not in doc and "apiVersion" not in doc:
         ctx = click.get_current_context(silent=True)
         doc = {"schema": schema_name(kind or (ctx.info_name if ctx and ctx.info_name else "vgpu-patch")), **doc}
     json.dump(doc, sys.stdout, indent=2, sort_keys=True, default=str)
