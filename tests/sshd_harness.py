@@ -109,25 +109,32 @@ def _ensure_user(name: str) -> None:
     subprocess.run(["usermod", "-p", "*", name], check=True, capture_output=True)
 
 
-_WRITTEN_SUDOERS: set[Path] = set()
+# path -> what it held before this process first changed it (None: it did not exist). Exit cleanup
+# puts back exactly that: a rule this process created is removed, one it found is left (or restored),
+# so a rule written by the operator or by a parallel test run is never deleted by this one.
+_ORIGINAL_SUDOERS: dict[Path, str | None] = {}
+
+
+def _sudoers_path(user: str) -> Path:
+    return Path(f"/etc/sudoers.d/vgpu-patch-test-{user}")
+
+
+def _remember(path: Path) -> None:
+    if path not in _ORIGINAL_SUDOERS:
+        _ORIGINAL_SUDOERS[path] = path.read_text() if path.exists() else None
 
 
 @atexit.register
-def _remove_written_sudoers() -> None:
-    """A root shell rule for a test user must not outlive the test run that needed it."""
-    for path in _WRITTEN_SUDOERS:
-        path.unlink(missing_ok=True)
+def _restore_sudoers() -> None:
+    """A root shell rule for a test user must not outlive the test run that created it."""
+    for path, before in _ORIGINAL_SUDOERS.items():
+        if before is None:
+            path.unlink(missing_ok=True)
+        elif not path.exists() or path.read_text() != before:
+            _install_sudoers(path, before)
 
 
-def _write_sudoers(user: str, requiretty: bool) -> Path:
-    path = Path(f"/etc/sudoers.d/vgpu-patch-test-{user}")
-    _WRITTEN_SUDOERS.add(path)
-    lines = [f"{user} ALL=(root) NOPASSWD: {', '.join(SUDO_SHELLS)}"]
-    if requiretty:
-        lines.insert(0, f"Defaults:{user} requiretty")
-    text = "\n".join(lines) + "\n"
-    if path.exists() and path.read_text() == text:
-        return path
+def _install_sudoers(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}")  # sudo ignores names containing a dot
     tmp.write_text(text)
     tmp.chmod(0o440)
@@ -136,11 +143,26 @@ def _write_sudoers(user: str, requiretty: bool) -> Path:
         tmp.unlink()
         raise HarnessUnavailable(f"sudoers rule rejected: {check.stdout} {check.stderr}")
     os.replace(tmp, path)
+
+
+def _write_sudoers(user: str, requiretty: bool) -> Path:
+    path = _sudoers_path(user)
+    lines = [f"{user} ALL=(root) NOPASSWD: {', '.join(SUDO_SHELLS)}"]
+    if requiretty:
+        lines.insert(0, f"Defaults:{user} requiretty")
+    text = "\n".join(lines) + "\n"
+    if path.exists() and path.read_text() == text:
+        return path  # already there (another run's, or ours): not ours to remove
+    _remember(path)
+    _install_sudoers(path, text)
     return path
 
 
 def _remove_sudoers(user: str) -> None:
-    Path(f"/etc/sudoers.d/vgpu-patch-test-{user}").unlink(missing_ok=True)
+    path = _sudoers_path(user)
+    if path.exists():
+        _remember(path)  # put back at exit: a refused-sudo test must not cost another run its rule
+        path.unlink(missing_ok=True)
 
 
 def _comm(pid: int) -> str:
