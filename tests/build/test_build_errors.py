@@ -1,6 +1,7 @@
 """Every named failure gives a one-line error that says what failed, where, and what to do."""
 from __future__ import annotations
 
+import hashlib
 import shutil
 import subprocess
 from pathlib import Path
@@ -121,3 +122,24 @@ def test_no_headers_names_both_options() -> None:
         find_header_dirs(toolkits=[Path("/nonexistent/cuda/include")], wheels=[])
     msg = one_line(e)
     assert "CUDA_HOME" in msg and "vgpu-patch[build]" in msg
+
+
+def test_hooks_def_is_found_in_driver_after_the_layering_move(make_src, tmp_path: Path) -> None:
+    """c_src/driver/hooks.def (the driver layer's home) builds exactly as c_src/interpose/hooks.def did."""
+    from vgpu_patch.sources import find_hooks_def
+
+    src = make_src()
+    (src / "driver").mkdir()
+    (src / "interpose" / "hooks.def").rename(src / "driver" / "hooks.def")
+    assert find_hooks_def(src) == src / "driver" / "hooks.def"
+    r = build_shim(tmp_path / "out", src_dir=src, arch="x86_64", glibc="2.28")
+    assert r.manifest["hooks_def_sha256"] == hashlib.sha256((src / "driver" / "hooks.def").read_bytes()).hexdigest()
+
+
+def test_the_packaged_sources_are_found_through_importlib_resources() -> None:
+    from importlib import resources
+
+    from vgpu_patch.sources import c_src_dir, find_hooks_def
+
+    assert c_src_dir() == Path(str(resources.files("vgpu_patch") / "c_src")).resolve()
+    assert find_hooks_def().is_file()
