@@ -1,4 +1,6 @@
-"""Prove with pyelftools that a built shim is a safe drop-in for the vendor's libvgpu.so (issue 4).
+"""Prove from the ELF that a built shim is a safe drop-in for the vendor's libvgpu.so (issue 4).
+
+The file is read by elf/reader.py, whose work is bounded by the file's size.
 
 `check_file(candidate, vendor=None, glibc="2.28", arch=None)` reads the candidate (and the vendor
 file, when given; else the bundled reference surface) and returns a Report with one RuleResult per

@@ -1,7 +1,7 @@
 """Prove what a freshly linked shim really needs: arch, GLIBC_x.y versions, exports, stack flags.
 
-Read from the ELF itself (pyelftools), never assumed from the compiler flags: the floor a build asks
-for is only true when `.gnu.version_r` says so.
+Read from the ELF itself (elf/reader.py, the reader `check` uses), never assumed from the compiler
+flags: the floor a build asks for is only true when `.gnu.version_r` says so.
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from .errors import BuildError
 
 @dataclass
 class ElfFacts:
-    machine: str  # pyelftools e_machine, e.g. EM_X86_64
+    machine: str  # e_machine name, e.g. EM_X86_64
     soname: str | None
     glibc_versions: list[str] = field(default_factory=list)  # every GLIBC_* needed, e.g. GLIBC_2.2.5
     needed: list[str] = field(default_factory=list)  # DT_NEEDED

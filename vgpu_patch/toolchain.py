@@ -18,7 +18,7 @@ from pathlib import Path
 
 from .errors import BuildError, UsageError
 
-# arch name -> (pyelftools e_machine, zig target cpu, aliases gcc's -dumpmachine may print)
+# arch name -> (e_machine name, zig target cpu, aliases gcc's -dumpmachine may print)
 ARCHES: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "x86_64": ("EM_X86_64", "x86_64", ("x86_64", "amd64")),
     "aarch64": ("EM_AARCH64", "aarch64", ("aarch64", "arm64")),
