@@ -55,8 +55,8 @@ class Profile:
 PROFILES: dict[str, Profile] = {
     "release": Profile("release", ("-O2", "-g0"), (), "optimised, no debug info (default)"),
     # c_src/log/log.h compiles VGPU_DEBUG(...) logging in only under VGPU_DEBUG_BUILD
-    "debug": Profile("debug", ("-O0", "-g"), ("VGPU_DEBUG_BUILD=1",), "no optimisation, debug info, VGPU_DEBUG "
-                                                                      "logging"),
+    "debug": Profile("debug", ("-O0", "-g"), ("VGPU_DEBUG_BUILD=1",),
+                     "no optimisation, debug info, VGPU_DEBUG logging"),
 }
 
 

@@ -162,8 +162,7 @@ def resolve(compiler: str | None, arch: str | None, glibc: str | None) -> Toolch
     if compiler == "zig":
         base = _zig_argv()
         if base is None:
-            raise BuildError("zig not found (tried `python -m ziglang` and `zig` on PATH): run `pip install "
-                             "'vgpu-patch[build]'`")
+            raise BuildError(f"zig not found (tried `python -m ziglang` and `zig` on PATH): run `{BUILD_EXTRA}`")
         return _zig(base, arch, glibc)
     path = shutil.which(compiler)
     if path is None:

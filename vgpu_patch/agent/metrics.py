@@ -51,7 +51,7 @@ def serve(snapshot: Callable[[], AgentStatus], port: int, addr: str = "0.0.0.0")
     """Serve /metrics (and /healthz, 200 when ready) from a daemon thread; returns the server (port 0 = any)."""
 
     class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
+        def do_GET(self) -> None:  # http.server's name for the handler
             s = snapshot()
             if self.path.split("?", 1)[0] == "/metrics":
                 code, body, ctype = 200, render(s).encode(), CONTENT_TYPE

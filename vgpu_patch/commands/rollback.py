@@ -23,8 +23,8 @@ Exit codes: 0 every node restored (or already there); 1 failed (or --dry-run wit
 @click.command("rollback", epilog=EPILOG)
 @target_options
 @fleet_options
-@click.option("--to", "to_sha256", metavar="SHA256", help="The backup to restore (6+ hex digits) [default: the "
-                                                          "previous file].")
+@click.option("--to", "to_sha256", metavar="SHA256",
+              help="The backup to restore (6+ hex digits) [default: the previous file].")
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
 @click.option("--operator", default=None, help="Who to record in the node's history [default: user@this-host].")
 @dry_run_option

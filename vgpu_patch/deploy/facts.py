@@ -219,8 +219,8 @@ def choose_live(facts: NodeFacts, node: str) -> LibFile | None:
     if len(versioned) > 1:
         names = ", ".join(f.name for f in versioned)
         raise DeployError(
-            f"{where}: several versioned libraries ({names}); HAMi's choice is unclear: remove the stale ones, then "
-            "rerun"
+            f"{where}: several versioned libraries ({names}); HAMi's choice is unclear: "
+            "remove the stale ones, then rerun"
         )
     live = versioned[0] if versioned else facts.file(LIB)
     if live is not None and live.link_to is not None:

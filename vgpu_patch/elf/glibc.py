@@ -110,6 +110,6 @@ def glibc_floor_of_libc(path: Path, arch: str | None = None) -> str:
         path = find_libc(path, arch)
     releases = [m.group(1) for m in (_GLIBC_RE.match(v) for v in version_defs(path, "libc")) if m]
     if not releases:
-        raise ElfError(f"libc {path} defines no GLIBC_x.y versions (not glibc, e.g. musl?); a glibc shim cannot load "
-                       "there")
+        raise ElfError(f"libc {path} defines no GLIBC_x.y versions (not glibc, e.g. musl?); "
+                       "a glibc shim cannot load there")
     return max(releases, key=version_key)

@@ -154,8 +154,8 @@ class SSHTransport(Transport):
                 ) from e
             except (OSError, paramiko.SSHException, EOFError) as e:
                 client.close()
-                raise ConnectionFailure(f"{self.name}: cannot connect ({e or type(e).__name__}); check host, port "
-                                        "and network") from e
+                raise ConnectionFailure(f"{self.name}: cannot connect ({e or type(e).__name__}); "
+                                        "check host, port and network") from e
             self._client = client
             return client
 
@@ -239,8 +239,8 @@ class SSHTransport(Transport):
         except OSError as e:
             if not self._alive():
                 self.close()
-                raise ConnectionFailure(f"{self.name}: connection lost during upload to {remote_path} ({e}); "
-                                        "rerun") from e
+                raise ConnectionFailure(
+                    f"{self.name}: connection lost during upload to {remote_path} ({e}); rerun") from e
             raise DeployError(f"{self.name}: upload to {remote_path} failed ({e}); "
                               "check free space and permissions") from e
 
@@ -260,5 +260,5 @@ class SSHTransport(Transport):
             raise DeployError(f"{self.name}: download of {remote_path} failed ({e})") from e
         except (paramiko.SSHException, EOFError) as e:
             self.close()
-            raise ConnectionFailure(f"{self.name}: connection lost during download of {remote_path} ({e}); "
-                                    "rerun") from e
+            raise ConnectionFailure(
+                f"{self.name}: connection lost during download of {remote_path} ({e}); rerun") from e
