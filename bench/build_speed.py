@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from vgpu_patch.build import SRC_DIR, build_shim  # noqa: E402
+from vgpu_patch.build import SRC_DIR, build_shim
 
 
 def timed(out: Path, **kw) -> tuple[float, str]:
@@ -38,15 +38,17 @@ def main() -> None:
         rows = []
         gcc_warm = None
         if shutil.which("gcc"):
-            runs = [timed(work / f"gcc{i}", glibc=None, compiler="gcc", src_dir=args.src)[0] for i in range(args.repeat)]
+            runs = [timed(work / f"gcc{i}", glibc=None, compiler="gcc", src_dir=args.src)[0]
+                    for i in range(args.repeat)]
             gcc_warm = statistics.median(runs)
             rows.append(("gcc (host glibc, no floor)", None, gcc_warm))
         for arch, glibc in [("x86_64", "2.28"), ("x86_64", "2.17"), ("aarch64", "2.28")]:
             os.environ["VGPU_PATCH_ZIG_CACHE"] = str(work / f"zig-cache-{arch}-{glibc}")
-            cold, sha_cold = timed(work / f"cold-{arch}-{glibc}", arch=arch, glibc=glibc, compiler="zig", src_dir=args.src)
+            zig = {"arch": arch, "glibc": glibc, "compiler": "zig", "src_dir": args.src}
+            cold, sha_cold = timed(work / f"cold-{arch}-{glibc}", **zig)
             warm_runs = []
             for i in range(args.repeat):
-                t, sha = timed(work / f"warm-{arch}-{glibc}-{i}", arch=arch, glibc=glibc, compiler="zig", src_dir=args.src)
+                t, sha = timed(work / f"warm-{arch}-{glibc}-{i}", **zig)
                 assert sha == sha_cold, f"{arch} {glibc}: warm build differs from cold build"
                 warm_runs.append(t)
             rows.append((f"zig {arch} glibc {glibc}", cold, statistics.median(warm_runs)))

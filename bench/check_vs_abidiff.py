@@ -25,8 +25,9 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests" / "check"))
 
-import elfcheck_fixtures as libs  # noqa: E402
-from vgpu_patch.elfcheck import check_file  # noqa: E402
+import elfcheck_fixtures as libs
+
+from vgpu_patch.elfcheck import check_file
 
 TARGET_S = 0.1
 HELPERS = 5000  # hidden helpers: enough code for ~1 MB
@@ -41,7 +42,8 @@ def big_library(d: Path, missing: bool = False) -> Path:
             body.append(
                 f"__attribute__((visibility(\"hidden\"), noinline)) unsigned long h{i}(unsigned long x) {{\n"
                 f"  unsigned long s = {i};\n  for (unsigned long k = 0; k < (x & 31); k++) {{\n"
-                f"    switch ((s + k) % 5) {{ case 0: s ^= x * {i * 7 + 1}UL; break; case 1: s += k << {i % 13}; break;\n"
+                f"    switch ((s + k) % 5) {{ case 0: s ^= x * {i * 7 + 1}UL; break;\n"
+                f"      case 1: s += k << {i % 13}; break;\n"
                 f"      case 2: s = (s >> 3) | (x << 7); break; case 3: s *= {i | 1}UL; break; default: s -= x; }}\n"
                 f"  }}\n  return s;\n}}\n"
             )

@@ -23,10 +23,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
-from sshd_harness import known_hosts_file, ssh_config_file, start_many  # noqa: E402
-from vgpu_patch.deploy.fleet import run_fleet  # noqa: E402
-from vgpu_patch.deploy.swap import deploy_file  # noqa: E402
-from vgpu_patch.deploy.targets import HostSpec, make_transport  # noqa: E402
+from sshd_harness import known_hosts_file, ssh_config_file, start_many
+
+from vgpu_patch.deploy.fleet import run_fleet
+from vgpu_patch.deploy.swap import deploy_file
+from vgpu_patch.deploy.targets import HostSpec, make_transport
 
 
 def build(out: Path, version: int, size_kib: int) -> Path:

@@ -38,9 +38,9 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
-from shim_overhead import collect, compile_bench, medians, report  # noqa: E402
+from shim_overhead import collect, compile_bench, medians, report
 
-from vgpu_patch.build import build_shim  # noqa: E402
+from vgpu_patch.build import build_shim
 
 DECODE = r"""
 import json, sys, time, torch

@@ -18,7 +18,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "region")]
 
-from costtools import BASELINE, attach_storm, build_cost_tool, build_fake_with_events, build_shim_at, pct  # noqa: E402
+from costtools import BASELINE, attach_storm, build_cost_tool, build_fake_with_events, build_shim_at, pct
 
 
 def main() -> None:

@@ -23,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests" / "region"))
 
-from regiontools import C_SRC, CFLAGS, REGION_SOURCES  # noqa: E402
+from regiontools import C_SRC, CFLAGS, REGION_SOURCES
 
 
 def build(tmp: Path) -> Path:
@@ -67,7 +67,8 @@ def main() -> None:
             for p in held:
                 p.stdout.readline()
                 p.stdout.readline()
-            rows.append((f"region, limit, {peers} live peers", ns(run("attach", f"bench:{n}:4096", cache=cache), "bench")))
+            timing = ns(run("attach", f"bench:{n}:4096", cache=cache), "bench")
+            rows.append((f"region, limit, {peers} live peers", timing))
             for p in held:
                 p.communicate("\n")
         env = {**base, "CUDA_DEVICE_MEMORY_SHARED_CACHE": str(tmp / "contended"), "CUDA_DEVICE_MEMORY_LIMIT": "100g"}

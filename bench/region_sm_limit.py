@@ -22,9 +22,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests" / "region"))
 sys.path.insert(0, str(ROOT))
 
-from regiontools import C_SRC, CFLAGS, REGION_SOURCES  # noqa: E402
+from regiontools import C_SRC, CFLAGS, REGION_SOURCES
 
-from vgpu_patch.build import build_shim, header_dir  # noqa: E402
+from vgpu_patch.build import build_shim, header_dir
 
 LIMITS = [None, "100", "75", "50", "25"]
 

@@ -18,8 +18,8 @@ import click
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from vgpu_patch import errors  # noqa: E402
-from vgpu_patch.cli import COMMANDS, cli  # noqa: E402
+from vgpu_patch import errors
+from vgpu_patch.cli import COMMANDS, cli
 
 OUT = ROOT / "docs" / "cli-reference.md"
 WIDTH = 100
@@ -30,7 +30,14 @@ def _help(cmd: click.Command, path: list[str], parent: click.Context | None) -> 
     return cmd.get_help(ctx), ctx
 
 
-def _walk(cmd: click.Command, path: list[str], parent: click.Context | None) -> list[tuple[list[str], str, click.Command]]:
+Entry = tuple[list[str], str, click.Command]
+
+
+def _link(path: list[str]) -> str:
+    return f"[`{' '.join(path[1:])}`](#{'-'.join(['vgpu-patch', *path[1:]])})"
+
+
+def _walk(cmd: click.Command, path: list[str], parent: click.Context | None) -> list[Entry]:
     """(command path, help text, command) for cmd and, for groups, every subcommand, depth first."""
     text, ctx = _help(cmd, path, parent)
     out = [(path, text, cmd)]
@@ -80,7 +87,7 @@ def render() -> str:
         "Every command accepts `-h`/`--help`. Reporting commands take `--json` (one JSON document on stdout;",
         "progress and logs on stderr). Colours are used only when the output is a terminal.",
         "",
-        "Commands: " + ", ".join(f"[`{' '.join(p[1:])}`](#{'-'.join(['vgpu-patch'] + p[1:])})" for p, _, _ in entries[1:]) + ".",
+        "Commands: " + ", ".join(_link(p) for p, _, _ in entries[1:]) + ".",
         "",
         "## Shell completion",
         "",

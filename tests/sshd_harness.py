@@ -27,7 +27,8 @@ stable; add to it, never rename.
         As root only: creates the unix user (`useradd -m`, account unlocked for key login), adds
         `/etc/sudoers.d/vgpu-patch-test-<user>` allowing `NOPASSWD` exactly /bin/sh and /usr/bin/sh
         (the tool runs every privileged step as `sudo -n sh -c SCRIPT`), optionally with `requiretty`.
-        sudo=False removes any such rule (to test a refused sudo). The user's shell is /bin/sh. Raises `HarnessUnavailable` when not root;
+        sudo=False removes any such rule (to test a refused sudo). The user's shell is /bin/sh.
+        Raises `HarnessUnavailable` when not root;
         `require_root()` turns that into a pytest skip.
     SSHD(dir, client_key=other.key_path)            # reuse one client key across a fleet (fast, one agent)
 
@@ -36,11 +37,13 @@ Module helpers for fleets: `inventory_ini(servers, path, group="gpu")`, `invento
 
 Needs /usr/sbin/sshd and ssh-keygen. Root is not required for a server logging in the current user.
 authorized_keys lives in its own world-readable tmp dir (sshd reads it as the login user, and
-pytest's tmp dirs are 0700). Users are left in place at exit (shared by later runs); the sudoers rules this process wrote are removed.
+pytest's tmp dirs are 0700). Users are left in place at exit (shared by later runs); the sudoers rules
+this process wrote are removed.
 """
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import pwd
 import shutil
@@ -49,9 +52,9 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Iterable, Sequence
 
 SSHD_BIN = os.environ.get("VGPU_TEST_SSHD", "/usr/sbin/sshd")
 SUDO_SHELLS = ("/bin/sh", "/usr/bin/sh")
@@ -101,30 +104,37 @@ def _ensure_user(name: str) -> None:
         proc = subprocess.run(["useradd", "-m", "-s", "/bin/sh", name], capture_output=True, text=True)
         # 9 = already exists (another test session created it meanwhile).
         if proc.returncode not in (0, 9):
-            raise HarnessUnavailable(f"useradd {name} failed: {proc.stderr.strip()}")
+            raise HarnessUnavailable(f"useradd {name} failed: {proc.stderr.strip()}") from None
     # useradd leaves the password "!" (locked); sshd without PAM refuses locked accounts. "*" = no password.
     subprocess.run(["usermod", "-p", "*", name], check=True, capture_output=True)
 
 
-_WRITTEN_SUDOERS: set[Path] = set()
+# path -> what it held before this process first changed it (None: it did not exist). Exit cleanup
+# puts back exactly that: a rule this process created is removed, one it found is left (or restored),
+# so a rule written by the operator or by a parallel test run is never deleted by this one.
+_ORIGINAL_SUDOERS: dict[Path, str | None] = {}
+
+
+def _sudoers_path(user: str) -> Path:
+    return Path(f"/etc/sudoers.d/vgpu-patch-test-{user}")
+
+
+def _remember(path: Path) -> None:
+    if path not in _ORIGINAL_SUDOERS:
+        _ORIGINAL_SUDOERS[path] = path.read_text() if path.exists() else None
 
 
 @atexit.register
-def _remove_written_sudoers() -> None:
-    """A root shell rule for a test user must not outlive the test run that needed it."""
-    for path in _WRITTEN_SUDOERS:
-        path.unlink(missing_ok=True)
+def _restore_sudoers() -> None:
+    """A root shell rule for a test user must not outlive the test run that created it."""
+    for path, before in _ORIGINAL_SUDOERS.items():
+        if before is None:
+            path.unlink(missing_ok=True)
+        elif not path.exists() or path.read_text() != before:
+            _install_sudoers(path, before)
 
 
-def _write_sudoers(user: str, requiretty: bool) -> Path:
-    path = Path(f"/etc/sudoers.d/vgpu-patch-test-{user}")
-    _WRITTEN_SUDOERS.add(path)
-    lines = [f"{user} ALL=(root) NOPASSWD: {', '.join(SUDO_SHELLS)}"]
-    if requiretty:
-        lines.insert(0, f"Defaults:{user} requiretty")
-    text = "\n".join(lines) + "\n"
-    if path.exists() and path.read_text() == text:
-        return path
+def _install_sudoers(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}")  # sudo ignores names containing a dot
     tmp.write_text(text)
     tmp.chmod(0o440)
@@ -133,11 +143,26 @@ def _write_sudoers(user: str, requiretty: bool) -> Path:
         tmp.unlink()
         raise HarnessUnavailable(f"sudoers rule rejected: {check.stdout} {check.stderr}")
     os.replace(tmp, path)
+
+
+def _write_sudoers(user: str, requiretty: bool) -> Path:
+    path = _sudoers_path(user)
+    lines = [f"{user} ALL=(root) NOPASSWD: {', '.join(SUDO_SHELLS)}"]
+    if requiretty:
+        lines.insert(0, f"Defaults:{user} requiretty")
+    text = "\n".join(lines) + "\n"
+    if path.exists() and path.read_text() == text:
+        return path  # already there (another run's, or ours): not ours to remove
+    _remember(path)
+    _install_sudoers(path, text)
     return path
 
 
 def _remove_sudoers(user: str) -> None:
-    Path(f"/etc/sudoers.d/vgpu-patch-test-{user}").unlink(missing_ok=True)
+    path = _sudoers_path(user)
+    if path.exists():
+        _remember(path)  # put back at exit: a refused-sudo test must not cost another run its rule
+        path.unlink(missing_ok=True)
 
 
 def _comm(pid: int) -> str:
@@ -236,7 +261,7 @@ class SSHD:
             )
         )
 
-    def start(self) -> "SSHD":
+    def start(self) -> SSHD:
         if self.proc is not None:
             return self
         if os.geteuid() == 0:
@@ -247,7 +272,7 @@ class SSHD:
                 self.port = _free_port()
             self.alias = self.alias or f"vgpu-node-{self.port}"
             self._write_config()
-            log = open(self.log_path, "ab")
+            log = open(self.log_path, "ab")  # noqa: SIM115 - sshd writes to it for its whole life
             self.proc = subprocess.Popen(
                 [SSHD_BIN, "-D", "-e", "-f", str(self.config_path)],
                 stdin=subprocess.DEVNULL,
@@ -296,7 +321,7 @@ class SSHD:
             self.kill_sessions()
         self._terminate()
 
-    def __enter__(self) -> "SSHD":
+    def __enter__(self) -> SSHD:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
@@ -334,10 +359,8 @@ class SSHD:
         if not children:
             pids = [p for p in pids if _comm(p) in ("sshd", "sshd-session")]
         for pid in pids:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         return len(pids)
 
     def rotate_host_key(self) -> None:

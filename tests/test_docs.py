@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 CLI_REF = ROOT / "docs" / "cli-reference.md"
 DOCS = [README, *sorted((ROOT / "docs").glob("*.md"))]
-FRESH_MACHINE = ["pip install -e . && vgpu-patch demo", "bash .ci/run"]
+FRESH_MACHINE = ["pip install -e '.[build]' && vgpu-patch demo", "bash .ci/run"]
 
 _FENCE = re.compile(r"^(```|~~~).*?^\1[ \t]*$", re.M | re.S)
 _LINK = re.compile(r"(?<!\!)\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")

@@ -23,10 +23,12 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__, elfproof, headers, manifest, toolchain
+from .digest import sha256_file
 from .errors import BuildError, UsageError
-from .surface import HOOKS_DEF_REL, exported_names
+from .sources import HOOKS_DEF_PLACES, c_src_dir, find_hooks_def
+from .surface import exported_names
 
-SRC_DIR = Path(__file__).resolve().parent.parent / "c_src"
+SRC_DIR = c_src_dir()  # the packaged shim sources (sources.py)
 LIBRARY = "libvgpu.so"
 SONAME = "libvgpu.so"
 BASE_CFLAGS = ["-fPIC", "-fvisibility=hidden", "-Wall", "-Wextra", "-Werror", "-std=gnu11"]
@@ -53,7 +55,8 @@ class Profile:
 PROFILES: dict[str, Profile] = {
     "release": Profile("release", ("-O2", "-g0"), (), "optimised, no debug info (default)"),
     # c_src/log/log.h compiles VGPU_DEBUG(...) logging in only under VGPU_DEBUG_BUILD
-    "debug": Profile("debug", ("-O0", "-g"), ("VGPU_DEBUG_BUILD=1",), "no optimisation, debug info, VGPU_DEBUG logging"),
+    "debug": Profile("debug", ("-O0", "-g"), ("VGPU_DEBUG_BUILD=1",),
+                     "no optimisation, debug info, VGPU_DEBUG logging"),
 }
 
 
@@ -176,9 +179,12 @@ def build_shim(
         raise UsageError(f"unknown build profile {profile!r}: choose one of {', '.join(PROFILES)}")
     prof = PROFILES[profile]
     src_dir = Path(src_dir or SRC_DIR).resolve()
-    hooks_def = src_dir / HOOKS_DEF_REL
+    if not src_dir.is_dir():
+        raise BuildError(f"shim sources {src_dir} not found: reinstall vgpu-patch or give --src DIR")
+    hooks_def = find_hooks_def(src_dir)
     if not hooks_def.is_file():
-        raise BuildError(f"{hooks_def} not found: the shim sources are incomplete (need {HOOKS_DEF_REL})")
+        raise BuildError(f"{hooks_def} not found: the shim sources are incomplete "
+                         f"(need {' or '.join(HOOKS_DEF_PLACES)})")
     if not list_sources(src_dir):
         raise BuildError(f"no .c or .S files under {src_dir} (tests/ excluded): nothing to build")
     tc = toolchain.resolve(compiler, arch, glibc)
@@ -191,10 +197,10 @@ def build_shim(
         # compile a snapshot: the manifest's hashes then describe exactly what was compiled, even
         # while someone edits c_src, and the snapshot's path is mapped away like any other
         orig_src, src_dir = src_dir, _snapshot(src_dir, build_dir / "src")
-        hooks_def = src_dir / HOOKS_DEF_REL
+        hooks_def = find_hooks_def(src_dir)
         names = exported_names(hooks_def)
         src_sha = manifest.source_hash(src_dir)
-        hooks_sha = manifest.sha256_file(hooks_def)
+        hooks_sha = sha256_file(hooks_def)
         sources = list_sources(src_dir)
         subs = {str(build_dir): "$BUILD", str(src_dir): "$SRC", str(orig_src): "$SRC"}
         subs.update({str(d): "$CUDA_INCLUDE" if i == 0 else f"$CUDA_INCLUDE{i}" for i, d in enumerate(hdirs)})
@@ -227,7 +233,8 @@ def build_shim(
             jobs.append((tc.argv + cflags + ["-c", rel.as_posix(), "-o", str(obj)], f"compiling {rel.as_posix()}"))
         workers = max(1, min(len(jobs), os.cpu_count() or 1))
         with ThreadPoolExecutor(max_workers=workers) as pool:
-            futures = [pool.submit(_run, argv, cwd=src_dir, env=env, what=what, log_dir=build_dir) for argv, what in jobs]
+            futures = [pool.submit(_run, argv, cwd=src_dir, env=env, what=what, log_dir=build_dir)
+                       for argv, what in jobs]
             for fut in futures:
                 fut.result()  # re-raises the first failure in source order
 
@@ -242,7 +249,7 @@ def build_shim(
 
         machine = toolchain.ARCHES[tc.arch][0]
         facts = elfproof.prove(lib_tmp, machine=machine, glibc=tc.glibc, exports=names)
-        digest = manifest.sha256_file(lib_tmp)
+        digest = sha256_file(lib_tmp)
         doc: dict[str, Any] = {
             "schema": manifest.SCHEMA,
             "file": LIBRARY,

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import importlib
 import sys
+from typing import Callable, NoReturn
 
 import click
 
 from . import __version__
+from .cli_options import emit_json, error_document, json_emitted
 from .errors import EXIT_FAILED, VgpuPatchError
 
 COMMANDS = ["build", "check", "deploy", "status", "rollback", "region", "agent", "daemonset", "demo"]
@@ -49,20 +51,37 @@ def cli() -> None:
     """
 
 
-def main() -> None:
+def _wants_json(argv: list[str]) -> bool:
+    return "--json" in argv[: argv.index("--")] if "--" in argv else "--json" in argv
+
+
+def _command(argv: list[str]) -> str | None:
+    return next((a for a in argv if a in COMMANDS), None)
+
+
+def _fail(message: str, exit_code: int, argv: list[str], show: Callable[[], None] | None = None) -> NoReturn:
+    """Report on stderr; with --json also one error document on stdout, unless a command printed its own."""
+    if show is None:
+        click.echo(f"vgpu-patch: error: {message}", err=True)
+    else:
+        show()
+    if _wants_json(argv) and not json_emitted():
+        emit_json(error_document(message, exit_code, _command(argv)))
+    sys.exit(exit_code)
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
     try:
         # Not standalone, so our errors reach the handlers below; then click returns a command's
         # ctx.exit(n) code instead of exiting, and we must pass it on.
-        rv = cli.main(standalone_mode=False)
+        rv = cli.main(argv, prog_name="vgpu-patch", standalone_mode=False)
     except click.exceptions.Abort:
-        click.echo("Aborted.", err=True)
-        sys.exit(EXIT_FAILED)
-    except click.ClickException as e:
-        e.show()
-        sys.exit(e.exit_code)
+        _fail("aborted", EXIT_FAILED, argv, lambda: click.echo("Aborted.", err=True))
+    except click.ClickException as e:  # usage errors included: bad option, missing argument
+        _fail(e.format_message(), e.exit_code, argv, e.show)
     except VgpuPatchError as e:
-        click.echo(f"vgpu-patch: error: {e}", err=True)
-        sys.exit(e.exit_code)
+        _fail(str(e), e.exit_code, argv)
     except click.exceptions.Exit as e:
         sys.exit(e.exit_code)
     sys.exit(rv if isinstance(rv, int) else 0)

@@ -20,7 +20,8 @@ IMAGE_LIB_DIR = "/opt/vgpu-patch"
 HOST_ROOT = "/host"
 STATUS_DIR = "/run/vgpu-patch"
 APP = "vgpu-patch-agent"
-_LABEL_KEY = re.compile(r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+_LABEL_KEY = re.compile(r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"  # DNS prefix/
+                        r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
 _LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 
@@ -50,7 +51,8 @@ def parse_node_selector(items: tuple[str, ...] | list[str]) -> dict[str, str]:
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not _LABEL_KEY.match(key) or not _LABEL_VALUE.match(value):
-            raise UsageError(f"--node-selector {item!r}: expected a label KEY=VALUE such as gpu=on or nvidia.com/gpu.present=true")
+            raise UsageError(f"--node-selector {item!r}: expected a label KEY=VALUE such as gpu=on or "
+                             "nvidia.com/gpu.present=true")
         out[key] = value
     return out
 

@@ -1,4 +1,6 @@
-"""Prove with pyelftools that a built shim is a safe drop-in for the vendor's libvgpu.so (issue 4).
+"""Prove from the ELF that a built shim is a safe drop-in for the vendor's libvgpu.so (issue 4).
+
+The file is read by elf/reader.py, whose work is bounded by the file's size.
 
 `check_file(candidate, vendor=None, glibc="2.28", arch=None)` reads the candidate (and the vendor
 file, when given; else the bundled reference surface) and returns a Report with one RuleResult per
@@ -49,7 +51,7 @@ def check_file(candidate: Path, *, vendor: Path | None = None, glibc: str | None
     vend = read_facts(Path(vendor), role="vendor") if vendor is not None else None
     want = arch or (vend.arch if vend else None)
     if want and cand.arch != want:
-        whose = f"--arch {arch}" if arch else f"the vendor file ({vend.arch})"
+        whose = f"--arch {arch}" if arch else f"the vendor file ({want})"
         raise ElfError(f"candidate {candidate} is {cand.arch}, but {whose} asks for {want}; "
                        f"build for {want} or check it with --arch {cand.arch}")
     if vend is not None and arch and vend.arch != arch:

@@ -1,7 +1,7 @@
 """Prove what a freshly linked shim really needs: arch, GLIBC_x.y versions, exports, stack flags.
 
-Read from the ELF itself (pyelftools), never assumed from the compiler flags: the floor a build asks
-for is only true when `.gnu.version_r` says so.
+Read from the ELF itself (elf/reader.py, the reader `check` uses), never assumed from the compiler
+flags: the floor a build asks for is only true when `.gnu.version_r` says so.
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from .errors import BuildError
 
 @dataclass
 class ElfFacts:
-    machine: str  # pyelftools e_machine, e.g. EM_X86_64
+    machine: str  # e_machine name, e.g. EM_X86_64
     soname: str | None
     glibc_versions: list[str] = field(default_factory=list)  # every GLIBC_* needed, e.g. GLIBC_2.2.5
     needed: list[str] = field(default_factory=list)  # DT_NEEDED
@@ -64,7 +64,7 @@ def prove(path: Path, *, machine: str, glibc: str | None, exports: list[str] | N
         if too_new:
             raise BuildError(
                 f"{where} needs {', '.join(too_new)} but the floor is glibc {glibc}: "
-                "build with `--compiler zig` (pip install ziglang) or on a host with an older glibc"
+                "build with `--compiler zig` (pip install 'vgpu-patch[build]') or on a host with an older glibc"
             )
     if facts.exec_stack:
         raise BuildError(f"{where} asks for an executable stack: mark every .S file with .note.GNU-stack")

@@ -66,7 +66,8 @@ def find_header_dirs(toolkits: list[Path] | None = None, wheels: list[Path] | No
     tried = ", ".join(str(d) for d in cands) or "no candidate directories"
     raise BuildError(
         "CUDA/NVML headers not found (need cuda.h and nvml.h; tried " + tried + "): "
-        "install a CUDA toolkit and set CUDA_HOME, or run `pip install nvidia-cuda-runtime nvidia-nvml-dev`"
+        "install a CUDA toolkit and set CUDA_HOME, or run `pip install 'vgpu-patch[build]'` (the nvidia-cuda-runtime "
+        "and nvidia-nvml-dev wheels)"
     )
 
 

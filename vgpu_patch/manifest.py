@@ -9,20 +9,17 @@ import hashlib
 import json
 import os
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
+
+from .digest import sha256_file
+
+__all__ = ["SCHEMA", "read", "sha256_file", "source_files", "source_hash", "write"]
 
 SCHEMA = 1
 # What can change the build: C, assembler, headers, the hook table. Tests and editor junk cannot.
 SOURCE_SUFFIXES = (".c", ".h", ".S", ".s", ".def", ".inc", ".map", ".lds")
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def source_files(src_dir: Path) -> list[Path]:

@@ -207,9 +207,10 @@ def read_region(path: str | Path) -> Region:
     try:
         buf = p.read_bytes()
     except FileNotFoundError:
-        raise RegionError(f"{p}: no such file; set CUDA_DEVICE_MEMORY_SHARED_CACHE's path or run a CUDA program first")
+        raise RegionError(f"{p}: no such file; set CUDA_DEVICE_MEMORY_SHARED_CACHE's path "
+                          "or run a CUDA program first") from None
     except OSError as e:
-        raise RegionError(f"{p}: cannot read ({e.strerror}); run as the file's owner or root")
+        raise RegionError(f"{p}: cannot read ({e.strerror}); run as the file's owner or root") from None
     return decode(buf, str(p))
 
 
@@ -270,8 +271,8 @@ def encode(
         for d, b in spec.used.items():
             put(base + 8 + d * MEMORY_SIZE + MEMORY_FIELDS["data_size"], "<Q", b)
             put(base + 8 + d * MEMORY_SIZE + MEMORY_FIELDS["total"], "<Q", b)
-        for d, u in spec.sm_util.items():
-            put(base + SLOT_FIELDS["device_util"][0] + d * UTIL_SIZE + UTIL_FIELDS["sm_util"], "<Q", u)
+        for dev, util in spec.sm_util.items():
+            put(base + SLOT_FIELDS["device_util"][0] + dev * UTIL_SIZE + UTIL_FIELDS["sm_util"], "<Q", util)
         put(base + SLOT_FIELDS["status"][0], "<i", spec.status)
         put(base + SLOT_FIELDS["unused"][0], "<QQ", spec.starttime, spec.pid_ns)
         put(base + 8 + MEMORY_FIELDS["unused"], "<QQ", spec.stamp_check, spec.nonce)

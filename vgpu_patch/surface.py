@@ -1,4 +1,4 @@
-"""The interposition surface: what our shim exports (c_src/driver/hooks.def) and what the vendor's does.
+"""The interposition surface: what our shim exports (hooks.def, see sources.py) and what the vendor's does.
 
 One home for both lists. `hooks.def` is the single table the C build expands (X-macro) into the
 real-pointer table, the generated pass-through trampolines and the export version script; this module
@@ -12,10 +12,7 @@ from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-# where the table lives inside a shim source tree (c_src/ or a copy of it)
-HOOKS_DEF_REL = Path("driver") / "hooks.def"
-HOOKS_DEF = REPO_ROOT / "c_src" / HOOKS_DEF_REL
+from .sources import find_hooks_def
 
 # HOOK(name, lib, kind[, more fields appended later])
 _HOOK_RE = re.compile(r"^\s*HOOK\(\s*(\w+)\s*,\s*(\w+)\s*,\s*(\w+)\s*(?:,[^)]*)?\)")
@@ -28,10 +25,10 @@ class Hook:
     kind: str  # PASS (generated trampoline) | OWN (C wrapper) | STUB (vendor-compat no-op)
 
 
-def parse_hooks(path: Path = HOOKS_DEF) -> list[Hook]:
-    """Every HOOK(...) line of hooks.def, in file order."""
+def parse_hooks(path: Path | None = None) -> list[Hook]:
+    """Every HOOK(...) line of hooks.def (default: the packaged one), in file order."""
     hooks = []
-    for line in path.read_text().splitlines():
+    for line in (path or find_hooks_def()).read_text().splitlines():
         m = _HOOK_RE.match(line)
         if m:
             hooks.append(Hook(*m.groups()))
@@ -42,17 +39,17 @@ def parse_hooks(path: Path = HOOKS_DEF) -> list[Hook]:
 _VARIANT_RE = re.compile(r"^\s*VARIANT\(\s*(\w+)\s*,\s*(\w+)\s*\)")
 
 
-def wrapped_variants(path: Path = HOOKS_DEF) -> dict[str, str]:
+def wrapped_variants(path: Path | None = None) -> dict[str, str]:
     """spelling -> base for every VARIANT(...) line: handed out by cuGetProcAddress/dlsym only."""
     out = {}
-    for line in path.read_text().splitlines():
+    for line in (path or find_hooks_def()).read_text().splitlines():
         m = _VARIANT_RE.match(line)
         if m:
             out[m.group(1)] = m.group(2)
     return out
 
 
-def exported_names(path: Path = HOOKS_DEF) -> list[str]:
+def exported_names(path: Path | None = None) -> list[str]:
     """The names our shim must export, sorted."""
     return sorted(h.name for h in parse_hooks(path))
 

@@ -18,14 +18,16 @@ from pathlib import Path
 
 from .errors import BuildError, UsageError
 
-# arch name -> (pyelftools e_machine, zig target cpu, aliases gcc's -dumpmachine may print)
+# arch name -> (e_machine name, zig target cpu, aliases gcc's -dumpmachine may print)
 ARCHES: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "x86_64": ("EM_X86_64", "x86_64", ("x86_64", "amd64")),
     "aarch64": ("EM_AARCH64", "aarch64", ("aarch64", "arm64")),
 }
 FLOORS = ("2.17", "2.28")
 DEFAULT_FLOOR = "2.28"
-INSTALL_HINT = "install one: `pip install ziglang` (any glibc floor, any arch) or `apt-get install gcc`"
+# the [build] extra carries zig and the CUDA/NVML headers; a missing extra is named, never a traceback
+BUILD_EXTRA = "pip install 'vgpu-patch[build]'"
+INSTALL_HINT = f"install one: `{BUILD_EXTRA}` (zig: any glibc floor, any arch) or `apt-get install gcc`"
 
 
 def version_tuple(v: str) -> tuple[int, ...]:
@@ -145,7 +147,7 @@ def _gcc_like(path: str, arch: str, glibc: str | None) -> Toolchain:
     target_arch = machine.split("-")[0].lower()
     if target_arch not in ARCHES[arch][2]:
         raise BuildError(
-            f"compiler {path} targets {machine}, not {arch}: use `--compiler zig` (pip install ziglang) "
+            f"compiler {path} targets {machine}, not {arch}: use `--compiler zig` (pip install 'vgpu-patch[build]') "
             f"or a {arch} cross compiler"
         )
     return Toolchain("gcc", [path], version, arch, glibc, triple=machine)
@@ -160,7 +162,7 @@ def resolve(compiler: str | None, arch: str | None, glibc: str | None) -> Toolch
     if compiler == "zig":
         base = _zig_argv()
         if base is None:
-            raise BuildError("zig not found (tried `python -m ziglang` and `zig` on PATH): run `pip install ziglang`")
+            raise BuildError(f"zig not found (tried `python -m ziglang` and `zig` on PATH): run `{BUILD_EXTRA}`")
         return _zig(base, arch, glibc)
     path = shutil.which(compiler)
     if path is None:
@@ -183,6 +185,6 @@ def _auto(arch: str, glibc: str | None) -> Toolchain:
     if gcc and not native_ok:
         raise BuildError(
             f"building for {arch} glibc {glibc} on a {host_arch()} glibc {hg} host needs zig, which is "
-            "not installed: run `pip install ziglang`"
+            "not installed: run `pip install 'vgpu-patch[build]'`"
         )
     raise BuildError(f"no C compiler found (tried `python -m ziglang`, zig, gcc, cc on PATH): {INSTALL_HINT}")

@@ -6,13 +6,14 @@ import shutil
 import threading
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable
 
 import pytest
+from agent_helpers import Host, Image, sha
 from click.testing import CliRunner
 
-from agent_helpers import Host, Image, sha
 from vgpu_patch.agent import Agent, AgentConfig
 from vgpu_patch.commands.agent import cli
 from vgpu_patch.errors import ElfError, IntegrityError
@@ -66,7 +67,8 @@ def test_once_installs_with_the_cli_protocol(image: Image, host: Host, vendor: P
     assert doc["ready"] and doc["state"] == "ok" and doc["deploys"] == 1
     assert sha(host.live) == image.sha256
     (line,) = host.history()
-    assert (line["action"], line["tool"], line["from_sha256"], line["to_sha256"]) == ("deploy", "agent", sha(vendor), image.sha256)
+    assert (line["action"], line["tool"], line["from_sha256"], line["to_sha256"]) == \
+        ("deploy", "agent", sha(vendor), image.sha256)
     assert line["path"] == "/usr/local/vgpu/libvgpu.so"
     assert (host.state / "backups" / f"{sha(vendor)}.so").read_bytes() == vendor.read_bytes()
     assert json.loads(status_file.read_text())["live_sha256"] == image.sha256
@@ -92,7 +94,8 @@ def test_copy_back_is_reverted_at_once_with_inotify(running: Agent, image: Image
     took = wait_for(lambda: running.status.reapplies == 1 and sha(host.live) == image.sha256)
     assert took < 5.0  # far inside the 30 s interval: the event woke the agent
     last = host.history()[-1]
-    assert (last["action"], last["tool"], last["from_sha256"], last["to_sha256"]) == ("reapply", "agent", sha(vendor), image.sha256)
+    assert (last["action"], last["tool"], last["from_sha256"], last["to_sha256"]) == \
+        ("reapply", "agent", sha(vendor), image.sha256)
     assert running.status.state == "ok" and running.status.ready
 
 
@@ -126,7 +129,7 @@ def test_sha_mismatch_is_refused(image: Image, host: Host, vendor: Path) -> None
     assert res.exit_code != 0 and isinstance(res.exception, IntegrityError)
     assert "nothing on the host was touched" in str(res.exception)
     (image.library.parent / "libvgpu.so.json").write_text(json.dumps({"sha256": "cd" * 32}))
-    with pytest.raises(IntegrityError, match="libvgpu.so.json expects"):
+    with pytest.raises(IntegrityError, match=r"libvgpu.so.json expects"):
         Agent(AgentConfig(library=image.library, host_root=host.root))
     (image.library.parent / "libvgpu.so.json").unlink()
     with pytest.raises(IntegrityError, match="no expected sha256"):
@@ -173,7 +176,8 @@ def test_the_real_command_serves_metrics_repairs_and_stops_on_sigterm(image: Ima
     proc = subprocess.Popen(
         [sys.executable, "-m", "vgpu_patch.cli", "agent", *args(image, host, "--interval", "30", "--metrics-port",
          str(port), "--metrics-addr", "127.0.0.1", "--status-file", str(tmp_path / "agent.json"), "--json")],
-        cwd=repo, env={**os.environ, "NODE_NAME": "gpu-node-7"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=repo, env={**os.environ, "NODE_NAME": "gpu-node-7"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         def metrics() -> str:

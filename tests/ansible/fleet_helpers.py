@@ -105,7 +105,8 @@ def run_playbook(playbook: str, inventory: Path, extra: dict | None = None, limi
         print(f"{playbook} {limit or ''}: {time.monotonic() - start:.1f}s", file=sys.stderr)
     out = proc.stdout + proc.stderr
     recap = {
-        m.group(1): {"ok": int(m.group(2)), "changed": int(m.group(3)), "unreachable": int(m.group(4)), "failed": int(m.group(5))}
+        m.group(1): {"ok": int(m.group(2)), "changed": int(m.group(3)), "unreachable": int(m.group(4)),
+                     "failed": int(m.group(5))}
         for m in _RECAP_RE.finditer(out)
     }
     return Run(proc.returncode, out, recap)

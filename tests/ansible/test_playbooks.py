@@ -8,7 +8,6 @@ import shutil
 from pathlib import Path
 
 import pytest
-
 from fleet_helpers import Libs, Node, run_playbook, write_inventory
 from node_fixtures import sha
 
@@ -40,7 +39,8 @@ def test_deploy_rerun_status_rollback(nodes: list[Node], libs: Libs, tmp_path: P
         assert sha(live[node.name]) == v2_sha and run.changed(node) > 0
         assert_clean(node)
         (line,) = node.history()
-        assert (line["action"], line["tool"], line["from_sha256"], line["to_sha256"]) == ("deploy", "ansible", vendor_sha, v2_sha)
+        assert (line["action"], line["tool"], line["from_sha256"], line["to_sha256"]) == \
+            ("deploy", "ansible", vendor_sha, v2_sha)
         assert line["path"] == str(live[node.name]) and line["time"].endswith("Z") and "@" in line["operator"]
         assert (node.state / "backups" / f"{vendor_sha}.so").read_bytes() == libs.vendor.read_bytes()
         doc = json.loads((node.state / "backups" / f"{vendor_sha}.json").read_text())
@@ -91,7 +91,8 @@ def test_cli_deploy_rolled_back_by_ansible_after_a_dead_run(nodes: list[Node], l
     assert run.rc == 0, run.output
     assert (node.libdir / "libvgpu.so").read_bytes() == libs.vendor.read_bytes()
     first, last = node.history()
-    assert first["tool"].startswith("vgpu-patch") and last["tool"] == "ansible" and last["to_sha256"] == sha(libs.vendor)
+    assert first["tool"].startswith("vgpu-patch")
+    assert last["tool"] == "ansible" and last["to_sha256"] == sha(libs.vendor)
     assert_clean(node)
 
 

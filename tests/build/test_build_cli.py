@@ -48,7 +48,7 @@ def test_missing_compiler_exits_1_with_one_line(tmp_path: Path, fixture_src: Pat
     p = run_cli("--src", str(fixture_src), "-o", str(tmp_path / "out"), "--compiler", "/nonexistent")
     assert p.returncode == 1
     err = [ln for ln in p.stderr.splitlines() if ln.startswith("vgpu-patch: error:")]
-    assert len(err) == 1 and "pip install ziglang" in err[0] and "Traceback" not in p.stderr
+    assert len(err) == 1 and "vgpu-patch[build]" in err[0] and "Traceback" not in p.stderr
 
 
 def test_bad_option_is_a_usage_error() -> None:

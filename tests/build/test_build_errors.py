@@ -1,6 +1,7 @@
 """Every named failure gives a one-line error that says what failed, where, and what to do."""
 from __future__ import annotations
 
+import hashlib
 import shutil
 import subprocess
 from pathlib import Path
@@ -24,7 +25,7 @@ def test_missing_compiler_names_what_was_tried_and_how_to_install(tmp_path: Path
     with pytest.raises(BuildError) as e:
         build_shim(tmp_path / "out", compiler="/nonexistent/cc", src_dir=fixture_src)
     msg = one_line(e)
-    assert "/nonexistent/cc" in msg and "pip install ziglang" in msg and "apt-get install gcc" in msg
+    assert "/nonexistent/cc" in msg and "vgpu-patch[build]" in msg and "apt-get install gcc" in msg
     assert not (tmp_path / "out").exists()  # nothing half-made
 
 
@@ -120,4 +121,25 @@ def test_no_headers_names_both_options() -> None:
     with pytest.raises(BuildError) as e:
         find_header_dirs(toolkits=[Path("/nonexistent/cuda/include")], wheels=[])
     msg = one_line(e)
-    assert "CUDA_HOME" in msg and "pip install nvidia-cuda-runtime nvidia-nvml-dev" in msg
+    assert "CUDA_HOME" in msg and "vgpu-patch[build]" in msg
+
+
+def test_hooks_def_is_found_in_driver_after_the_layering_move(make_src, tmp_path: Path) -> None:
+    """c_src/driver/hooks.def (the driver layer's home) builds exactly as c_src/interpose/hooks.def did."""
+    from vgpu_patch.sources import find_hooks_def
+
+    src = make_src()
+    (src / "driver").mkdir()
+    (src / "interpose" / "hooks.def").rename(src / "driver" / "hooks.def")
+    assert find_hooks_def(src) == src / "driver" / "hooks.def"
+    r = build_shim(tmp_path / "out", src_dir=src, arch="x86_64", glibc="2.28")
+    assert r.manifest["hooks_def_sha256"] == hashlib.sha256((src / "driver" / "hooks.def").read_bytes()).hexdigest()
+
+
+def test_the_packaged_sources_are_found_through_importlib_resources() -> None:
+    from importlib import resources
+
+    from vgpu_patch.sources import c_src_dir, find_hooks_def
+
+    assert c_src_dir() == Path(str(resources.files("vgpu_patch") / "c_src")).resolve()
+    assert find_hooks_def().is_file()

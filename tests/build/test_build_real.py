@@ -8,10 +8,11 @@ import pytest
 
 from vgpu_patch import elfproof
 from vgpu_patch.build import SRC_DIR, build_shim
+from vgpu_patch.sources import find_hooks_def
 from vgpu_patch.surface import exported_names
 
-HOOKS = SRC_DIR / "driver" / "hooks.def"
-pytestmark = pytest.mark.skipif(not HOOKS.is_file(), reason="c_src/driver/hooks.def not written yet")
+HOOKS = find_hooks_def(SRC_DIR)
+pytestmark = pytest.mark.skipif(not HOOKS.is_file(), reason="c_src has no hooks.def yet")
 
 
 @pytest.mark.parametrize("arch", ["x86_64", "aarch64"])

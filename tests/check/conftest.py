@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-import elfcheck_fixtures as libs  # noqa: E402
+import elfcheck_fixtures as libs
 
 
 @pytest.fixture(scope="session")

@@ -7,8 +7,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from elfcheck_fixtures import cli_runner
+
 from vgpu_patch.cli import cli as top
 from vgpu_patch.commands.check import cli
 from vgpu_patch.elfcheck import check_file

@@ -7,8 +7,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-
 from elfcheck_fixtures import cli_runner
+
 from vgpu_patch.commands.check import cli
 from vgpu_patch.elf.glibc import parse_floor
 from vgpu_patch.elfcheck import glibc_floor_of_libc
@@ -46,12 +46,12 @@ def test_floor_of_an_unpacked_image_with_absolute_symlink(tmp_path: Path) -> Non
 
 
 def test_image_without_libc(tmp_path: Path) -> None:
-    with pytest.raises(ElfError, match="no libc.so.6 under"):
+    with pytest.raises(ElfError, match=r"no libc.so.6 under"):
         glibc_floor_of_libc(tmp_path)
 
 
 def test_not_glibc(built: dict[str, Path]) -> None:
-    with pytest.raises(ElfError, match="defines no GLIBC_x.y"):
+    with pytest.raises(ElfError, match=r"defines no GLIBC_x.y"):
         glibc_floor_of_libc(built["good"])
 
 

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import elfcheck_fixtures as libs
 import pytest
 
-import elfcheck_fixtures as libs
 from vgpu_patch.elfcheck import check_file, glibc_requirements
 
 FLAGGED = ("fail", "warn")

@@ -57,5 +57,5 @@ def test_vendor_of_another_arch_is_an_error(built: dict[str, Path], aarch64_lib:
 
 
 def test_unreadable_vendor_is_an_error(built: dict[str, Path], tmp_path: Path) -> None:
-    with pytest.raises(ElfError, match="^vendor .* does not exist"):
+    with pytest.raises(ElfError, match=r"^vendor .* does not exist"):
         check_file(built["good"], vendor=tmp_path / "nope.so")

@@ -54,7 +54,8 @@ _LIB_SRC = r"""
 __attribute__((used)) static const char marker[] = "%(marker)s";
 __attribute__((used)) static const unsigned char pad[%(pad)d] = {%(fill)d};
 int vgpu_test_version(void) { return %(version)d; }
-unsigned long vgpu_test_sum(void) { unsigned long s = 0; for (size_t i = 0; i < sizeof pad; i++) s += pad[i]; return s + (unsigned long)marker[0]; }
+unsigned long vgpu_test_sum(void)
+{ unsigned long s = 0; for (size_t i = 0; i < sizeof pad; i++) s += pad[i]; return s + (unsigned long)marker[0]; }
 """
 
 

@@ -2,6 +2,7 @@
 after N bytes from the client (to break an SSH connection in the middle of an upload)."""
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 
@@ -48,10 +49,8 @@ class CuttingProxy:
             pass
         finally:
             for s in (src, dst):
-                try:
+                with contextlib.suppress(OSError):
                     s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
 
     def close_all(self) -> None:
         for s in self._conns:

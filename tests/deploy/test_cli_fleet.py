@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-
 from deploy_support import NO_SUDO, make_node, sha
 from sshd_harness import SSHD, known_hosts_file, start_many
+
 from vgpu_patch.cli import cli
 
 
@@ -102,7 +102,8 @@ def test_fleet_stops_at_first_failure(fleet, libs) -> None:
 def test_failed_canary_stops_everything(fleet, libs) -> None:
     base, servers = fleet
     inv, dirs = setup_nodes(base, servers, libs["vendor"], missing={0})
-    res = run("deploy", "--no-check", *NO_SUDO, "-I", str(inv), "--known-hosts", str(base / "known_hosts"), "--json", str(libs["v2"]))
+    res = run("deploy", "--no-check", *NO_SUDO, "-I", str(inv), "--known-hosts", str(base / "known_hosts"), "--json",
+              str(libs["v2"]))
     assert res.exit_code == 1, res.output
     assert [n["status"] for n in json.loads(res.stdout)["nodes"]] == ["failed", "skipped", "skipped"]
     assert all((d / "libvgpu.so").read_bytes() == libs["vendor"].read_bytes() for d in dirs[1:])
@@ -111,12 +112,13 @@ def test_failed_canary_stops_everything(fleet, libs) -> None:
 def test_unknown_host_key_via_cli_is_one_line(fleet, libs, tmp_path: Path) -> None:
     base, servers = fleet
     inv, _ = setup_nodes(base, servers[:1], libs["vendor"])
-    res = run("deploy", "--no-check", *NO_SUDO, "-I", str(inv), "--known-hosts", str(tmp_path / "empty"), "--json", str(libs["v1"]))
+    res = run("deploy", "--no-check", *NO_SUDO, "-I", str(inv), "--known-hosts", str(tmp_path / "empty"), "--json",
+              str(libs["v1"]))
     assert res.exit_code == 1
     node = json.loads(res.stdout)["nodes"][0]
     assert node["error_type"] == "HostKeyError" and "--accept-new-host-keys" in node["error"]
-    res = run("deploy", "--no-check", *NO_SUDO, "-I", str(inv), "--known-hosts", str(tmp_path / "kh"), "--accept-new-host-keys",
-              str(libs["v1"]))
+    res = run("deploy", "--no-check", *NO_SUDO, "-I", str(inv), "--known-hosts", str(tmp_path / "kh"),
+              "--accept-new-host-keys", str(libs["v1"]))
     assert res.exit_code == 0, res.output
 
 

@@ -289,8 +289,6 @@ def test_zz_print_table() -> None:
     print("\n| workload under 4g | real (host NVML) | allocated | total shown |")
     print("|---|---|---|---|")
     for name, r in ROWS:
-        real = r.get("real")
-        alloc = r.get("allocated")
-        total = r.get("total")
-        print(f"| {name} | {real // MiB if isinstance(real, int) else real} MiB | "
-              f"{alloc // MiB if isinstance(alloc, int) else alloc} | {total // MiB if isinstance(total, int) else total} |")
+        real, alloc, total = (r.get(k) for k in ("real", "allocated", "total"))
+        mib = [v // MiB if isinstance(v, int) else v for v in (real, alloc, total)]
+        print(f"| {name} | {mib[0]} MiB | {mib[1]} | {mib[2]} |")

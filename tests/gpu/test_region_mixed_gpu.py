@@ -18,7 +18,6 @@ one context, and says so in the assertion.
 """
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import subprocess

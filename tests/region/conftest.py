@@ -8,8 +8,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from regiontools import C_SRC, CFLAGS, REGION_SOURCES
+from regiontools import cc as _cc
 
-from regiontools import C_SRC, CFLAGS, REGION_SOURCES, cc as _cc
+
 @pytest.fixture(scope="session")
 def region_tool(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The region test driver, built once per session."""

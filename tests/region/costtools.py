@@ -104,4 +104,4 @@ def attach_storm(tool: Path, shim: Path, fake: Path, cache: Path, procs: int = 2
 
 def pct(values: list[float], q: float) -> float:
     s = sorted(values)
-    return s[min(len(s) - 1, int(round(q * (len(s) - 1))))]
+    return s[min(len(s) - 1, round(q * (len(s) - 1)))]

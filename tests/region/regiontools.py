@@ -48,7 +48,7 @@ class Held:
                 break
 
     def release(self) -> str:
-        out, err = self.proc.communicate("\n", timeout=30)
+        out, _err = self.proc.communicate("\n", timeout=30)
         return out
 
     def kill(self) -> None:

@@ -2,15 +2,13 @@
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
+from regiontools import C_SRC, run_tool
 
 from vgpu_patch import region as R
-
-from regiontools import C_SRC, run_tool
 
 
 def _python_table() -> dict[str, int]:

@@ -7,10 +7,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from regiontools import C_SRC, CFLAGS, REGION_SOURCES, cc
 
 from vgpu_patch.build import header_dir
-
-from regiontools import C_SRC, CFLAGS, REGION_SOURCES, cc
 
 KERNEL_US, COUNT = 1000, 150  # 150 ms of GPU work per run
 

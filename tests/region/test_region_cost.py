@@ -9,7 +9,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from costtools import attach_storm, build_cost_tool, build_fake_with_events, build_shim_at, launch_cost, pct
 
 from vgpu_patch import region as R

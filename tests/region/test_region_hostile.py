@@ -11,8 +11,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
-from regiontools import result_line, run_tool, lines, shim_child
+from regiontools import lines, result_line, run_tool, shim_child
 
 from vgpu_patch import region as R
 
@@ -113,7 +112,7 @@ def test_a_region_limit_stricter_than_the_env_still_wins(shim_env, tmp_path: Pat
     cache = tmp_path / "cache"
     cache.write_bytes(R.encode(uuids=["GPU-x"], limit=[50 * MiB]))
     os.chmod(cache, 0o600)
-    res, err, rc = _run(shim_env, cache)
+    res, err, _ = _run(shim_env, cache)
     assert res["rcs"] == [2, 2] and res["total"] == 50 * MiB and "the region's" in err
 
 
@@ -156,7 +155,7 @@ emit(init=init, alloc=alloc(MiB)[0], fake_allocs=fake.fake_calls(b"cuMemAlloc_v2
                          + [("CUDA_DEVICE_SM_LIMIT_0", "30 percent")])
 def test_malformed_sm_limit_fails_closed(shim_env, tmp_path: Path, var: str, value: str) -> None:
     """As a malformed memory limit does (tests/shim/test_alloc_paths.py): CUDA refused, one line naming it."""
-    res, err, rc = _run(shim_env, tmp_path / "cache", REFUSED, **{var: value})
+    res, err, _ = _run(shim_env, tmp_path / "cache", REFUSED, **{var: value})
     assert res == {"init": 1, "alloc": 1, "fake_allocs": 0}, err  # never unlimited, never unthrottled
     named = [ln for ln in err.splitlines() if f"invalid {var}='{value}'" in ln]
     assert len(named) == 1 and named[0].startswith("vgpu: ") and named[0].endswith("; fix the pod's limit"), err

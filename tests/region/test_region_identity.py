@@ -12,7 +12,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from regiontools import Held, lines
 
 from vgpu_patch import region as R

@@ -5,7 +5,6 @@ from __future__ import annotations
 import fcntl
 import os
 import struct
-import subprocess
 import time
 from pathlib import Path
 

@@ -5,12 +5,10 @@ from __future__ import annotations
 
 import mmap
 import struct
-import subprocess
 import time
 from pathlib import Path
 
 import pytest
-
 from regiontools import result_line, shim_child
 
 from vgpu_patch import region as R

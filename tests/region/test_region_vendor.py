@@ -36,7 +36,8 @@ def test_compaction_moving_our_slot_keeps_our_usage(region_tool: Path, vendor_do
     assert r.proc_num == 1 and r.procs[0].pid == ours.pid and r.used(0) == 60 * MiB
     out, err = ours.communicate("\n", timeout=30)
     # found itself at 0; 60 + 30 fits, 20 more does not (no lost usage); the sum is 90 (no double count)
-    assert out.split("\n")[:-1] == ["woke", "slot 0", "reserve ok", "reserve refused", f"used {90 * MiB}", "procnum 1"], out
+    assert out.split("\n")[:-1] == ["woke", "slot 0", "reserve ok", "reserve refused", f"used {90 * MiB}",
+                                     "procnum 1"], out
     assert "warn" not in err.lower() and err == "", err
 
 

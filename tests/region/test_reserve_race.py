@@ -15,7 +15,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from regiontools import C_SRC, CFLAGS, REGION_SOURCES, Held, cc, lines, run_tool
 
 from vgpu_patch import region as R

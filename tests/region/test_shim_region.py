@@ -99,18 +99,17 @@ def test_vendor_region_is_honoured_by_the_shim(shim_env, tmp_path: Path) -> None
         R.SlotSpec(pid=os.getpid(), hostpid=4321, used={0: 80 * MiB})]))
     import mmap
 
-    f = open(cache, "r+b")  # the "vendor process" (this one) maps the region, as a live user does
-    m = mmap.mmap(f.fileno(), 0)
-    p = _hold(shim_env, cache, "30,20", CUDA_DEVICE_MEMORY_LIMIT="100m")
-    try:
-        assert result_line(p)["rcs"] == [2, 0]
-        r = R.read_region(cache)
-        assert (r.procs[0].pid, r.procs[0].hostpid, r.procs[0].used[0]) == (os.getpid(), 4321, 80 * MiB)
-        assert r.used(0) == 100 * MiB and r.uuids[0] == "GPU-vendor-0"
-    finally:
-        _finish(p)
-        m.close()
-        f.close()
+    with open(cache, "r+b") as f:  # the "vendor process" (this one) maps the region, as a live user does
+        m = mmap.mmap(f.fileno(), 0)
+        p = _hold(shim_env, cache, "30,20", CUDA_DEVICE_MEMORY_LIMIT="100m")
+        try:
+            assert result_line(p)["rcs"] == [2, 0]
+            r = R.read_region(cache)
+            assert (r.procs[0].pid, r.procs[0].hostpid, r.procs[0].used[0]) == (os.getpid(), 4321, 80 * MiB)
+            assert r.used(0) == 100 * MiB and r.uuids[0] == "GPU-vendor-0"
+        finally:
+            _finish(p)
+            m.close()
 
 
 def test_env_disagreeing_with_region_warns_and_region_wins(shim_env, tmp_path: Path) -> None:

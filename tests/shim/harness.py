@@ -2,8 +2,10 @@
 gets a fresh interpreter (or C program) with its own environment."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -151,9 +153,17 @@ class Env:
 
     def run_py(self, body: str, env: dict[str, str] | None = None, timeout: float = 60) -> Child:
         code = f"CDEF = {CDEF!r}\n" + PRELUDE + "\n" + textwrap.dedent(body)
-        p = subprocess.run([sys.executable, "-c", code], env=self.base_env(env), capture_output=True, text=True,
-                           timeout=timeout)
-        return Child(p.returncode, p.stdout, p.stderr)
+        # its own process group: on a timeout the scenario's forked children go too, not only the parent
+        with subprocess.Popen([sys.executable, "-c", code], env=self.base_env(env), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, start_new_session=True) as p:
+            try:
+                out, err = p.communicate(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(p.pid, signal.SIGKILL)
+                out, err = p.communicate()
+                raise AssertionError(f"scenario timed out after {timeout}s\nstdout:\n{out}\nstderr:\n{err}") from None
+        return Child(p.returncode, out, err)
 
     def compile_c(self, name: str, source: str, *extra: str) -> Path:
         src = self.tmp / f"{name}.c"

@@ -22,7 +22,8 @@ def test_malformed_limit_fails_every_allocation(env: Env, var: str, value: str) 
         rc, p = alloc(MiB)
         h = ffi.new("CUmemGenericAllocationHandle *")
         prop = ffi.new("CUmemAllocationProp *"); prop.type = 1; prop.location.type = 1; prop.location.id = 0
-        emit(init=init, alloc=rc, vmm=shim.cuMemCreate(h, 2 * MiB, prop, 0), fake_allocs=fake.fake_calls(b"cuMemAlloc_v2"))
+        emit(init=init, alloc=rc, vmm=shim.cuMemCreate(h, 2 * MiB, prop, 0),
+             fake_allocs=fake.fake_calls(b"cuMemAlloc_v2"))
     """, {var: value})
     r = child.result
     assert r == {"init": 1, "alloc": 1, "vmm": 1, "fake_allocs": 0}

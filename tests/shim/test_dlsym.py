@@ -51,7 +51,8 @@ int main(void)
     printf("a_next=%c\n", call(a_next()));
     printf("b_next=%s\n", where(b_next()));
     printf("stable=%d\n", stable);
-    printf("puts_next_is_libc=%d\n", dlsym(RTLD_NEXT, "puts") == dlsym(RTLD_DEFAULT, "puts") && dlsym(RTLD_NEXT, "puts"));
+    printf("puts_next_is_libc=%d\n",
+           dlsym(RTLD_NEXT, "puts") == dlsym(RTLD_DEFAULT, "puts") && dlsym(RTLD_NEXT, "puts"));
     printf("missing_next=%s\n", where(dlsym(RTLD_NEXT, "no_such_symbol_anywhere")));
     h = dlopen("libcuda.so.1", RTLD_NOW);
     printf("alloc=%s\n", where(dlsym(h, "cuMemAlloc_v2")));

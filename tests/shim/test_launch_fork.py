@@ -26,30 +26,54 @@ def test_launches_reach_the_driver(env: Env) -> None:
 
 
 def test_fork_while_threads_allocate(env: Env) -> None:
+    """Deterministic: the only locks a child can inherit held are the shim's (the point of the test).
+
+    cffi takes `ffi._lock` on a library attribute's first lookup and on a type string's first parse; a
+    child forked while a thread held it would wait forever on the harness, not on the shim. So every
+    function and type the threads and children use is resolved before the first thread starts. A child
+    that hangs anyway is ended by its own alarm (SIGALRM, status != 0) and every child is reaped.
+    """
     r = env.run_py("""
+        import signal, time
         assert shim.cuInit(0) == 0
-        stop = False
+        mem_alloc, mem_free, set_current = shim.cuMemAlloc_v2, shim.cuMemFree_v2, shim.cuCtxSetCurrent
+        ctx = [ctx_on(dev) for dev in (1, 0)][::-1]  # resolves cuDevicePrimaryCtxRetain too; ends on dev 0
+        ffi.new("CUdeviceptr *")  # parsed once, cached from here on
+        stop = threading.Event()
+
         def churn(dev):
-            ctx_on(dev)
+            assert set_current(ctx[dev]) == 0
             p = ffi.new("CUdeviceptr *")
-            while not stop:
-                shim.cuMemAlloc_v2(p, 4096); shim.cuMemFree_v2(p[0])
-        ts = [threading.Thread(target=churn, args=(i % 2,)) for i in range(4)]
+            while not stop.is_set():
+                mem_alloc(p, 4096); mem_free(p[0])
+
+        def reap(pid, limit=20.0):
+            end = time.monotonic() + limit
+            while time.monotonic() < end:
+                done, status = os.waitpid(pid, os.WNOHANG)
+                if done:
+                    return status
+                time.sleep(0.005)
+            os.kill(pid, signal.SIGKILL)  # past its own alarm: never leave it behind
+            return os.waitpid(pid, 0)[1]
+
+        ts = [threading.Thread(target=churn, args=(i % 2,), daemon=True) for i in range(4)]
         [t.start() for t in ts]
         statuses = []
-        for _ in range(20):
-            pid = os.fork()
-            if pid == 0:
-                # the child: one thread, locks usable, accounting inherited
-                ctx_on(0)
-                rc, p = alloc(1 << 20)
-                ok = rc == 0 and shim.cuMemFree_v2(p) == 0
-                os._exit(0 if ok else 3)
-            statuses.append(os.waitpid(pid, 0)[1])
-        stop = True
-        [t.join() for t in ts]
-        ctx_on(0)
+        try:
+            for _ in range(20):
+                pid = os.fork()
+                if pid == 0:
+                    # the child: one thread, locks usable, accounting inherited
+                    signal.alarm(10)
+                    p = ffi.new("CUdeviceptr *")
+                    ok = set_current(ctx[0]) == 0 and mem_alloc(p, 1 << 20) == 0 and mem_free(p[0]) == 0
+                    os._exit(0 if ok else 3)
+                statuses.append(reap(pid))
+        finally:
+            stop.set()
+            [t.join() for t in ts]
         emit(statuses=statuses, info=meminfo())
-    """, {"CUDA_DEVICE_MEMORY_LIMIT": "64m"}, timeout=60).result
+    """, {"CUDA_DEVICE_MEMORY_LIMIT": "64m"}, timeout=90).result
     assert r["statuses"] == [0] * 20
     assert r["info"] == [0, 64 << 20, 64 << 20]

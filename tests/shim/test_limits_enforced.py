@@ -73,7 +73,8 @@ def test_zero_limit_shows_the_real_device(env: Env) -> None:
         assert shim.nvmlDeviceGetHandleByIndex_v2(0, h) == 0
         m1 = ffi.new("nvmlMemory_t *"); m2 = ffi.new("nvmlMemory_v2_t *"); m2.version = 2
         emit(alloc=rc, info=meminfo(), total=[trc, t[0]],
-             nvml=[shim.nvmlDeviceGetMemoryInfo(h[0], m1), m1.total, shim.nvmlDeviceGetMemoryInfo_v2(h[0], m2), m2.total])
+             nvml=[shim.nvmlDeviceGetMemoryInfo(h[0], m1), m1.total,
+                   shim.nvmlDeviceGetMemoryInfo_v2(h[0], m2), m2.total])
     """, {"CUDA_DEVICE_MEMORY_LIMIT_0": "0m", "CUDA_DEVICE_MEMORY_LIMIT": "0g", "FAKE_CUDA_MEM_MB": "2048"})
     r = child.result
     assert r["alloc"] == 0

@@ -115,7 +115,8 @@ near_grammar = st.builds(
 
 
 @settings(max_examples=800, deadline=None)
-@given(st.text(ALPHABET, max_size=24) | near_grammar | st.text(st.characters(blacklist_characters="\x00", blacklist_categories=("Cs",)), max_size=8))
+@given(st.text(ALPHABET, max_size=24) | near_grammar
+       | st.text(st.characters(blacklist_characters="\x00", blacklist_categories=("Cs",)), max_size=8))
 def test_c_and_python_agree(c_parse, text: str) -> None:
     assert c_parse(text) == py_parse(text)
 

@@ -106,9 +106,10 @@ def test_driver_handing_out_internal_addresses(env: Env) -> None:
         alloc = ffi.cast("CUresult(*)(CUdeviceptr *, size_t)", gpa(b"cuMemAlloc", 0))
         d = ffi.new("CUdeviceptr *")
         launch = gpa(b"cuLaunchKernel", 2)
-        emit(internal=int(ffi.cast("uintptr_t", bare[0])) != int(ffi.cast("uintptr_t", ffi.addressof(fake, "cuMemAlloc_v2"))),
-             wrapped=int(ffi.cast("uintptr_t", alloc)) == int(ffi.cast("uintptr_t", ffi.addressof(shim, "cuMemAlloc_v2"))),
+        addr = lambda p: int(ffi.cast("uintptr_t", p))  # noqa: E731
+        emit(internal=addr(bare[0]) != addr(ffi.addressof(fake, "cuMemAlloc_v2")),
+             wrapped=addr(alloc) == addr(ffi.addressof(shim, "cuMemAlloc_v2")),
              rcs=[alloc(d, 40 * MiB), alloc(d, 40 * MiB)],
-             launch_is_ours=int(ffi.cast("uintptr_t", launch)) != int(ffi.cast("uintptr_t", ffi.addressof(fake, "cuLaunchKernel_ptsz"))))
+             launch_is_ours=addr(launch) != addr(ffi.addressof(fake, "cuLaunchKernel_ptsz")))
     """, {"CUDA_DEVICE_MEMORY_LIMIT": "64m", "FAKE_CUDA_PROC_ALIASES": "1"}).result
     assert r == {"internal": True, "wrapped": True, "rcs": [0, 2], "launch_is_ours": True}

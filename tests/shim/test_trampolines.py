@@ -87,7 +87,7 @@ def _slot_of_x86(data: bytes, off: int, addr: int) -> tuple[int, int]:
 
 
 def _slot_of_aarch64(data: bytes, off: int, addr: int) -> tuple[int, int]:
-    adrp, ldr, cbz, br, movz = struct.unpack_from("<5I", data, off)
+    adrp, ldr, _cbz, br, movz = struct.unpack_from("<5I", data, off)
     assert adrp & 0x9F00001F == 0x90000010, "adrp x16"
     assert br == 0xD61F0220, "br x17"
     page = (((adrp >> 5) & 0x7FFFF) << 2 | ((adrp >> 29) & 3)) << 12
@@ -105,10 +105,7 @@ STUB_RESOLVER = "void *vgpu_slot_resolve(int idx) { (void)idx; return 0; }\n"
 def test_each_trampoline_uses_its_own_slot(tmp_path: Path, arch: str) -> None:
     (tmp_path / "r.c").write_text(STUB_RESOLVER)
     so = tmp_path / "t.so"
-    if arch == "x86_64":
-        cc = ["gcc"]
-    else:
-        cc = [sys.executable, "-m", "ziglang", "cc", "-target", "aarch64-linux-gnu"]
+    cc = ["gcc"] if arch == "x86_64" else [sys.executable, "-m", "ziglang", "cc", "-target", "aarch64-linux-gnu"]
     subprocess.run(cc + ["-shared", "-fPIC", "-nostdlib", f"-I{C_SRC}", str(C_SRC / "driver" / "trampolines.S"),
                          str(tmp_path / "r.c"), "-o", str(so)], check=True, capture_output=True, text=True)
     hooks = parse_hooks()

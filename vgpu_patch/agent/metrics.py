@@ -17,8 +17,10 @@ def _label(value: object) -> str:
 def render(s: AgentStatus) -> str:
     """The exposition text for one status snapshot."""
     rows = [
-        ("vgpu_patch_agent_ready", "gauge", "Whether the live library is the image's library (1) or not (0)", int(s.ready)),
-        ("vgpu_patch_agent_yielded", "gauge", "Whether the agent stopped enforcing after an operator's recorded change (1) or not (0)",
+        ("vgpu_patch_agent_ready", "gauge", "Whether the live library is the image's library (1) or not (0)",
+         int(s.ready)),
+        ("vgpu_patch_agent_yielded", "gauge",
+         "Whether the agent stopped enforcing after an operator's recorded change (1) or not (0)",
          int(s.state == "yielded")),
         ("vgpu_patch_agent_checks_total", "counter", "Checks of the live library", s.checks),
         ("vgpu_patch_agent_deploys_total", "counter", "Installs of the image's library (history action deploy)",
@@ -49,7 +51,7 @@ def serve(snapshot: Callable[[], AgentStatus], port: int, addr: str = "0.0.0.0")
     """Serve /metrics (and /healthz, 200 when ready) from a daemon thread; returns the server (port 0 = any)."""
 
     class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        def do_GET(self) -> None:  # http.server's name for the handler
             s = snapshot()
             if self.path.split("?", 1)[0] == "/metrics":
                 code, body, ctype = 200, render(s).encode(), CONTENT_TYPE

@@ -1,6 +1,7 @@
 """The agent's state: one dataclass, written as a JSON status file (atomically) and read by metrics."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
@@ -61,10 +62,8 @@ def write_status(path: Path, status: AgentStatus) -> None:
         os.chmod(tmp, 0o644)
         os.replace(tmp, path)
     except BaseException:
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(tmp)
-        except OSError:
-            pass
         raise
 
 

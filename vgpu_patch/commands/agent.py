@@ -20,7 +20,7 @@ Examples:
   # one pass (install or repair), then exit
   vgpu-patch agent --once --json --library /opt/vgpu-patch/libvgpu.so --host-root /host
   # put back the file the agent replaced (the running agent then stops enforcing)
-  kubectl -n vgpu-patch exec ds/vgpu-patch-agent -- vgpu-patch agent --rollback
+  kubectl -n kube-system exec ds/vgpu-patch-agent -- vgpu-patch agent --rollback
 
 \b
 Exit codes: 0 ok (probe: ready); 1 failed, refused image content, or probe: not ready; 2 usage error.
@@ -62,7 +62,8 @@ def cli(library: Path, sha256: str | None, manifest: Path | None, host_root: Pat
     copying its own file back on restart) replaces it, and stops enforcing when an operator's recorded
     change (a rollback or deploy by the CLI or Ansible) replaced it.
     """
-    from ..agent.loop import Agent, AgentConfig, log, probe as run_probe
+    from ..agent.loop import Agent, AgentConfig, log
+    from ..agent.loop import probe as run_probe
 
     if sum((once, probe, do_rollback)) > 1:
         raise click.UsageError("--once, --probe and --rollback are exclusive: pick one")

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from ..cli_options import emit_json, json_option
+from ..cli_options import emit_json, error_document, json_option, use_color
 from ..errors import UsageError, VgpuPatchError
 
 EPILOG = """\b
@@ -45,7 +45,7 @@ def cli(ctx: click.Context, candidate: Path, vendor: Path | None, glibc: str, gl
         glibc_from_image: Path | None, arch: str | None, strict: bool, as_json: bool) -> None:
     """Check, rule by rule, that CANDIDATE is safe to preload in place of the vendor's libvgpu.so.
 
-    Reads the ELF with pyelftools: class, machine, OSABI, type, SONAME, NEEDED, RPATH/RUNPATH,
+    Reads the ELF (bounded by the file's size): class, machine, OSABI, type, SONAME, NEEDED, RPATH/RUNPATH,
     interpreter, executable stack, TEXTREL, build-id; the exported CUDA/NVML/dlsym surface (nothing
     missing, hidden or extra, no data objects); symbol versions; the GLIBC_x.y floor and GLIBC_PRIVATE;
     the x86 ISA level. Prints one line per rule (pass/warn/fail/info), or one JSON document with --json.
@@ -67,13 +67,12 @@ def cli(ctx: click.Context, candidate: Path, vendor: Path | None, glibc: str, gl
     except VgpuPatchError as e:
         click.echo(f"vgpu-patch: error: {e}", err=True)
         if as_json:
-            emit_json({"schema": "vgpu-patch/check/1", "ok": False, "exit_code": e.exit_code, "error": str(e),
-                       "candidate": str(candidate)})
+            emit_json({**error_document(str(e), e.exit_code, "check"), "candidate": str(candidate)})
         _exit(e.exit_code)
     if as_json:
         emit_json(report.to_json())
     else:
-        click.echo(render_table(report, color=sys.stdout.isatty()))
+        click.echo(render_table(report, color=use_color()))
     _exit(report.exit_code)
 
 

@@ -32,7 +32,8 @@ Exit codes: 0 written; 2 usage error (bad label, name or path).
               help="Agent re-check interval in seconds.")
 @click.option("--metrics-port", type=click.IntRange(min=0, max=65535), default=9400, show_default=True,
               help="Prometheus metrics port; 0 turns metrics off.")
-@click.option("--max-unavailable", default="1", show_default=True, help="Rolling update: nodes updated at once (N or N%).")
+@click.option("--max-unavailable", default="1", show_default=True,
+              help="Rolling update: nodes updated at once (N or N%).")
 @click.option("--cpu-limit", default="200m", show_default=True, help="Container CPU limit.")
 @click.option("--memory-limit", default="128Mi", show_default=True, help="Container memory limit.")
 @click.option("--priority-class", default="system-node-critical", show_default=True,

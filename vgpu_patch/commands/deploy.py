@@ -45,7 +45,7 @@ def cli(file: str, install: bool, check: bool, operator: str | None, dry_run: bo
     targets = resolve_targets(kw)
     who = operator or default_operator()
 
-    def op(t, spec):  # type: ignore[no-untyped-def]
+    def op(t, spec):
         r = deploy_file(t, cand.path, targets.dir_for(spec), operator=who, tool=DEFAULT_TOOL, dry_run=dry_run,
                         install=install, check=check)
         return ("changed" if r.changed else "pending" if r.pending else "unchanged"), r
@@ -56,5 +56,6 @@ def cli(file: str, install: bool, check: bool, operator: str | None, dry_run: bo
     if as_json:
         emit_json({"file": str(cand.path), "sha256": cand.sha256, "dry_run": dry_run, **fleet.to_dict()})
     else:
-        swap_table(fleet, f"vgpu-patch deploy {cand.path.name} ({cand.sha256[:12]})" + (" --dry-run" if dry_run else ""))
+        title = f"vgpu-patch deploy {cand.path.name} ({cand.sha256[:12]})" + (" --dry-run" if dry_run else "")
+        swap_table(fleet, title)
     raise SystemExit(fleet.exit_code(dry_run=dry_run))

@@ -23,7 +23,8 @@ Exit codes: 0 every node restored (or already there); 1 failed (or --dry-run wit
 @click.command("rollback", epilog=EPILOG)
 @target_options
 @fleet_options
-@click.option("--to", "to_sha256", metavar="SHA256", help="The backup to restore (6+ hex digits) [default: the previous file].")
+@click.option("--to", "to_sha256", metavar="SHA256",
+              help="The backup to restore (6+ hex digits) [default: the previous file].")
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
 @click.option("--operator", default=None, help="Who to record in the node's history [default: user@this-host].")
 @dry_run_option
@@ -41,7 +42,7 @@ def cli(to_sha256: str | None, yes: bool, operator: str | None, dry_run: bool, a
         click.confirm(f"Roll back the library on {len(targets.specs)} node(s) ({names})?", abort=True, err=True)
     who = operator or default_operator()
 
-    def op(t, spec):  # type: ignore[no-untyped-def]
+    def op(t, spec):
         r = rollback(t, targets.dir_for(spec), to_sha256=to_sha256, operator=who, tool=DEFAULT_TOOL,
                      dry_run=dry_run)
         return ("changed" if r.changed else "pending" if r.pending else "unchanged"), r

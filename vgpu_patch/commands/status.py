@@ -15,7 +15,8 @@ Examples:
   vgpu-patch status -I hosts.ini --limit gpu --json
   vgpu-patch status --local /tmp/node
 \b
-Exit codes: 0 every node answered; 1 none did; 2 usage error; 3 some did not.
+Exit codes: 0 every node answered and has a library; 1 none did; 2 usage error;
+3 some did not. A node without a libvgpu.so (or with an ambiguous one) counts as not done.
 """
 
 
@@ -31,8 +32,9 @@ def cli(history: int, as_json: bool, parallel: int, **kw: object) -> None:
     """
     targets = resolve_targets(kw)
 
-    def op(t, spec):  # type: ignore[no-untyped-def]
-        return "ok", node_status(t, targets.dir_for(spec), history=history)
+    def op(t, spec):
+        st = node_status(t, targets.dir_for(spec), history=history)
+        return ("ok" if st.path else "missing"), st  # no library: the node is not in a known state
 
     with progress(len(targets.specs), "status") as done:
         fleet = run_fleet(targets.specs, op, targets.connect, parallel=parallel, canary=0, keep_going=True,

@@ -1,12 +1,16 @@
-"""What the deploy needs to know about the file being deployed, read locally with pyelftools."""
+"""What the deploy needs to know about the file being deployed, read locally with the check's ELF reader."""
 from __future__ import annotations
 
-import hashlib
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..digest import sha256_file
+from ..elf.facts import image, read_facts
+from ..elf.glibc import requirements_of
 from ..errors import ElfError
+
+__all__ = ["MACHINES", "OURS_RE", "Candidate", "inspect", "parse_glibc", "sha256_file"]
 
 # e_machine -> the `uname -m` values of nodes that can load it
 MACHINES = {
@@ -34,14 +38,6 @@ class Candidate:
         return uname_m in MACHINES.get(self.machine, (uname_m,))
 
 
-def sha256_file(path: Path | str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def parse_glibc(text: str) -> tuple[int, int] | None:
     """`glibc 2.36`, `ldd (Debian GLIBC 2.36-9) 2.36` or `GLIBC_2.34` -> (2, 36)."""
     found = re.findall(r"(\d+)\.(\d+)", text)
@@ -51,62 +47,22 @@ def parse_glibc(text: str) -> tuple[int, int] | None:
     return int(major), int(minor)
 
 
-def _glibc_needs(path: Path) -> tuple[tuple[int, int] | None, bool]:
-    try:  # prefer the check helper's reading when it is there: one rule for `check` and `deploy`
-        from ..elfcheck import glibc_requirements
-
-        req = glibc_requirements(path)
-        top = req.get("max_version")
-        return (parse_glibc(top) if top else None), bool(req.get("glibc_private"))
-    except (ImportError, AttributeError, TypeError):
-        names = _version_needs(path)
-    private = any("GLIBC_PRIVATE" in n for n in names)
-    # GLIBC_ABI_DT_RELR marks a library a loader older than 2.36 refuses
-    versions = [(2, 36) if n == "GLIBC_ABI_DT_RELR" else parse_glibc(n) for n in names if "PRIVATE" not in n]
-    versions = [v for v in versions if v]
-    return (max(versions) if versions else None), private
-
-
-def _version_needs(path: Path) -> list[str]:
-    from elftools.elf.elffile import ELFFile
-    from elftools.elf.gnuversions import GNUVerNeedSection
-
-    names: list[str] = []
-    with open(path, "rb") as f:
-        elf = ELFFile(f)
-        for sec in elf.iter_sections():
-            if isinstance(sec, GNUVerNeedSection):
-                for _verneed, auxes in sec.iter_versions():
-                    names += [aux.name for aux in auxes if aux.name.startswith("GLIBC_")]
-    return names
-
-
 def inspect(path: Path | str) -> Candidate:
-    """Read a candidate library; ElfError if it is not a shared object we can reason about."""
-    from elftools.common.exceptions import ELFError
-    from elftools.elf.elffile import ELFFile
-
+    """Read a candidate library; ElfError (one line) if it is not a shared object we can reason about."""
     path = Path(path)
-    try:
-        data = path.read_bytes()
-    except OSError as e:
-        raise ElfError(f"{path}: cannot read ({e.strerror}); give the built libvgpu.so") from e
-    try:
-        with open(path, "rb") as f:
-            elf = ELFFile(f)
-            if elf["e_type"] != "ET_DYN":
-                raise ElfError(f"{path}: not a shared object (e_type {elf['e_type']}); give the built libvgpu.so")
-            machine = elf["e_machine"]
-        glibc, private = _glibc_needs(path)
-    except ELFError as e:
-        raise ElfError(f"{path}: not a readable ELF file ({e}); give the built libvgpu.so") from e
-    m = OURS_RE.search(data)
+    facts = read_facts(path, role="candidate")  # bounded: refuses oversized and malformed files
+    if facts.etype != "ET_DYN":
+        raise ElfError(f"candidate {path} is not a shared object ({facts.etype}); give the built libvgpu.so")
+    req = requirements_of(facts)  # the same glibc rule `check` applies
+    with image(path, "candidate") as img:
+        m = img.search(OURS_RE)
+        ours = m.group(1).decode() if m else None  # while mapped: the match points into the file
     return Candidate(
         path=path,
-        size=len(data),
-        sha256=hashlib.sha256(data).hexdigest(),
-        machine=machine,
-        glibc_needed=glibc,
-        glibc_private=private,
-        ours_version=m.group(1).decode() if m else None,
+        size=facts.size,
+        sha256=sha256_file(path),
+        machine=facts.machine,
+        glibc_needed=parse_glibc(req["max_version"]) if req["max_version"] else None,
+        glibc_private=bool(req["glibc_private"]),
+        ours_version=ours,
     )

@@ -9,6 +9,7 @@ from __future__ import annotations
 import tempfile
 import threading
 from pathlib import Path
+from typing import Any, Callable
 
 from ..errors import DeployError, VgpuPatchError
 from ..transport.base import Transport
@@ -58,7 +59,8 @@ def check_against_live(t: Transport, cand: Candidate, live: LibFile | None, cach
     return f"vgpu-patch check against {what}: passed"
 
 
-def _run_check(t: Transport, cand: Candidate, vendor_live: LibFile | None, check_file) -> str | None:  # type: ignore[no-untyped-def]
+def _run_check(t: Transport, cand: Candidate, vendor_live: LibFile | None,
+               check_file: Callable[..., Any]) -> str | None:
     with tempfile.TemporaryDirectory(prefix="vgpu-patch-check-") as tmp:
         vendor_copy = None
         if vendor_live is not None:

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable
 
 from ..errors import EXIT_FAILED, EXIT_OK, EXIT_PARTIAL, FleetError, VgpuPatchError
 from ..transport.base import Transport
@@ -30,7 +31,7 @@ class NodeOutcome:
         return self.status in ("changed", "unchanged", "pending", "ok")
 
     def to_dict(self) -> dict:
-        res = self.result.to_dict() if hasattr(self.result, "to_dict") else None  # type: ignore[union-attr]
+        res = self.result.to_dict() if hasattr(self.result, "to_dict") else None
         return {"node": self.node, "status": self.status, "error": self.error, "error_type": self.error_type,
                 "seconds": round(self.seconds, 3), "result": res}
 

@@ -4,8 +4,8 @@ Pure functions over NodeFacts (no I/O), so `--dry-run` and the real run share on
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 from ..errors import DeployError
 from .candidate import Candidate
@@ -33,7 +33,8 @@ def preflight(facts: NodeFacts, cand: Candidate, node: str, live: LibFile | None
     if cand.glibc_needed and facts.glibc and cand.glibc_needed > facts.glibc:
         need, have = ".".join(map(str, cand.glibc_needed)), ".".join(map(str, facts.glibc))
         raise DeployError(
-            f"{node}: {cand.path.name} needs GLIBC_{need} but the node has glibc {have}; build with a glibc floor <= {have}"
+            f"{node}: {cand.path.name} needs GLIBC_{need} but the node has glibc {have}; "
+            f"build with a glibc floor <= {have}"
         )
     if live is None and not install:
         raise DeployError(f"{where}: no {LIB} here to replace; check --target-dir, or pass --install to install one")

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
@@ -36,7 +37,7 @@ def swap_table(fleet: FleetResult, title: str) -> None:
             elif plan and plan[0].kind == "noop":
                 detail = plan[0].text
             elif getattr(r, "path", None):
-                detail = r.path  # type: ignore[union-attr]
+                detail = str(r.path)  # type: ignore[attr-defined]
         table.add_row(
             o.node,
             f"[{_STYLE.get(o.status, '')}]{o.status}[/]",
@@ -56,16 +57,16 @@ def status_table(fleet: FleetResult) -> None:
     for col in ("node", "live file", "sha256", "build", "backups", "last change", "restart needed", "note"):
         table.add_column(col, overflow="fold")
     for o in fleet.outcomes:
-        s = o.result
+        s: Any = o.result  # a NodeStatus, or None when the node failed
         if s is None:
             table.add_row(o.node, "-", "-", "-", "-", "-", "-", f"[bold red]{o.error}[/]")
             continue
-        last = s.history[-1] if s.history else None  # type: ignore[union-attr]
+        last = s.history[-1] if s.history else None
         last_txt = f"{last.get('action')} {last.get('time')} by {last.get('operator')}" if last else "-"
-        build = f"ours {s.version}" if s.ours else ("vendor" if s.sha256 else "-")  # type: ignore[union-attr]
-        stale = len(s.stale_pids)  # type: ignore[union-attr]
+        build = f"ours {s.version}" if s.ours else ("vendor" if s.sha256 else "-")
+        stale = len(s.stale_pids)
         table.add_row(
-            o.node, s.path or "-", _short(s.sha256), build, str(len(s.backups)), last_txt,  # type: ignore[union-attr]
-            f"[yellow]{stale} process(es)[/]" if stale else "0", s.problem or "",  # type: ignore[union-attr]
+            o.node, s.path or "-", _short(s.sha256), build, str(len(s.backups)), last_txt,
+            f"[yellow]{stale} process(es)[/]" if stale else "0", s.problem or "",
         )
     _console().print(table)

@@ -6,6 +6,7 @@ happens before the rename or is a read-only re-check after it, so a failure leav
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import secrets
 import shlex
@@ -213,7 +214,8 @@ def _raise_for(t: Transport, code: int, out: str, where: str) -> None:
     msg = next((ln[6:].strip() for ln in out.splitlines() if ln.startswith("@@err ")), "") or first_line(out)
     if code == _LOCKED:
         raise LockedError(
-            f"{t.name}: another deploy or rollback holds {where}/{F.STATE}/lock; wait for it and rerun (nothing changed)"
+            f"{t.name}: another deploy or rollback holds {where}/{F.STATE}/lock; "
+            "wait for it and rerun (nothing changed)"
         )
     if code == _MISMATCH:
         raise IntegrityError(f"{t.name}: {msg}; the upload was corrupted, live file untouched: rerun")
@@ -303,10 +305,8 @@ def deploy_file(
         state, mapped, bk, ino, replaced = _run_swap(t, script, node_dir)
     except BaseException:
         if _alive(t):  # the script removes the upload itself; this covers failures before it ran
-            try:
+            with contextlib.suppress(Exception):  # never mask the real failure with a cleanup one
                 t.run(f"rm -f {shlex.quote(t.path(upload))}", sudo=True, warn=True, timeout=30)
-            except Exception:  # noqa: BLE001 - never mask the real failure with a cleanup one
-                pass
         raise
     if state == "noop":
         result.plan = [Step("noop", f"{live_path} reached sha256 {cand.sha256[:12]} meanwhile: nothing to do")]
@@ -417,4 +417,4 @@ def node_status(t: Transport, target_dir: str = DEFAULT_DIR, *, history: int = 5
     )
 
 
-__all__ = ["deploy_file", "rollback", "node_status", "SwapResult", "NodeStatus", "SwapHooks", "Candidate"]
+__all__ = ["Candidate", "NodeStatus", "SwapHooks", "SwapResult", "deploy_file", "node_status", "rollback"]

@@ -9,9 +9,9 @@ import fnmatch
 import os
 import re
 import shlex
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Iterable
 
 import paramiko
 
@@ -35,7 +35,8 @@ class HostSpec:
 
 
 # -- --host user@node[:port] ----------------------------------------------------------------------
-_HOST_RE = re.compile(r"^(?:(?P<user>[^@\s]+)@)?(?:\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<host>[^:@\s\[\]]+))(?::(?P<port>\d+))?$")
+_HOST_RE = re.compile(r"^(?:(?P<user>[^@\s]+)@)?(?:\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<host>[^:@\s\[\]]+))"
+                      r"(?::(?P<port>\d+))?$")
 
 
 def parse_host(text: str) -> HostSpec:

@@ -1,27 +1,28 @@
-"""Read every ELF fact the drop-in rules need, in one pass, with pyelftools (never readelf).
+"""Read every ELF fact the drop-in rules need, in one pass, with the bounded reader (reader.py).
 
-Bad input (missing, empty, a directory, not ELF, truncated, 32-bit, big-endian, an unknown machine)
-becomes one `ElfError` line naming the file and what to do; a traceback would only confuse scripts.
+Bad input (missing, empty, a directory, not ELF, truncated, 32-bit, big-endian, an unknown machine,
+oversized, or any table that breaks the format) becomes one `ElfError` line naming the file and what
+to do; a traceback would only confuse scripts.
 """
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO, Iterable
-
-from elftools.elf.elffile import ELFFile
+from typing import BinaryIO
 
 from ..errors import ElfError
+from . import reader as R
 
-# e_machine (pyelftools name) -> the arch names the CLI speaks.
+# e_machine name -> the arch names the CLI speaks.
 ARCHES = {"EM_X86_64": "x86_64", "EM_AARCH64": "aarch64"}
 PF_X = 0x1
 DF_TEXTREL = 0x4
 VERSYM_HIDDEN = 0x8000
 _OTHER_MACHINES = {3: "i386", 8: "MIPS", 20: "PowerPC", 21: "PowerPC64", 22: "s390", 40: "ARM (32-bit)",
                    243: "RISC-V", 258: "LoongArch"}
-_UNDEF = "SHN_UNDEF"
 
 
 @dataclass(frozen=True)
@@ -51,7 +52,7 @@ class Import:
 class ElfFacts:
     path: Path
     size: int
-    machine: str  # pyelftools e_machine name, e.g. EM_X86_64
+    machine: str  # e_machine name, e.g. EM_X86_64
     osabi: str  # ELFOSABI_SYSV, ELFOSABI_LINUX, ...
     etype: str  # ET_DYN, ET_EXEC, ET_REL
     soname: str | None = None
@@ -68,7 +69,8 @@ class ElfFacts:
     imports: list[Import] = field(default_factory=list)
     version_defs: list[str] = field(default_factory=list)  # non-base .gnu.version_d names
     has_symtab: bool = False
-    _symtab_memo: dict = field(default_factory=dict, repr=False, compare=False)
+    _symtab_memo: dict[frozenset[str], dict[str, tuple[str, str]]] = field(
+        default_factory=dict, repr=False, compare=False)
 
     @property
     def arch(self) -> str | None:
@@ -85,77 +87,65 @@ class ElfFacts:
             return {}
         if wanted in self._symtab_memo:
             return self._symtab_memo[wanted]
-        with _open(self.path) as f:
-            try:
-                found = _scan_symtab(ELFFile(f), wanted)
-            except Exception as e:  # corrupt .symtab: one line, like every other read error
-                raise _corrupt(self.path, e) from None
+        with image(self.path, "candidate") as img:
+            sec = img.first(R.SHT_SYMTAB)
+            found = _scan_symtab(img, sec, wanted) if sec is not None else {}
         self._symtab_memo[wanted] = found
         return found
 
 
-_BINDS = {0: "STB_LOCAL", 1: "STB_GLOBAL", 2: "STB_WEAK", 10: "STB_GNU_UNIQUE"}
-_VISIBILITY = ("STV_DEFAULT", "STV_INTERNAL", "STV_HIDDEN", "STV_PROTECTED")
-_SYM64 = struct.Struct("<IBBHQQ")
-
-
-def _scan_symtab(elf: ELFFile, wanted: frozenset[str]) -> dict[str, tuple[str, str]]:
-    """Find `wanted` definitions in .symtab. Raw struct decoding: an unstripped 1 MB library has
-    thousands of local symbols and pyelftools' per-symbol parsing costs ~25 us each."""
-    symtab = elf.get_section_by_name(".symtab")
-    if symtab is None or symtab["sh_entsize"] != _SYM64.size:
-        return {}
-    strtab = elf.get_section(symtab["sh_link"]).data()
-    keys = {n.encode() for n in wanted}
+def _scan_symtab(img: R.ElfImage, sec: R.Section, wanted: frozenset[str]) -> dict[str, tuple[str, str]]:
+    """Find `wanted` definitions in .symtab (an unstripped library has thousands of locals)."""
     found: dict[str, tuple[str, str]] = {}
-    for st_name, st_info, st_other, st_shndx, _, _ in _SYM64.iter_unpack(symtab.data()):
-        if st_shndx == 0:  # SHN_UNDEF
-            continue
-        name = strtab[st_name:strtab.find(b"\0", st_name)]
-        if name in keys:
-            found[name.decode()] = (_BINDS.get(st_info >> 4, str(st_info >> 4)), _VISIBILITY[st_other & 3])
+    for sym in img.symbols(sec, ".symtab"):
+        if sym.shndx != R.SHN_UNDEF and sym.name in wanted:
+            found[sym.name] = (sym.bind, sym.visibility)
     return found
 
 
 def read_facts(path: Path, *, role: str = "candidate") -> ElfFacts:
     """Parse `path`; raise ElfError (one line) when it is not a readable 64-bit little-endian ELF."""
     path = Path(path)
-    with _open(path, role) as f:
-        size = _preflight(f, path, role)
-        try:
-            elf = ELFFile(f)
-            sections = list(elf.iter_sections())  # pyelftools re-parses headers per iteration
-            _check_extents(elf, sections, path, size, role)
-            facts = ElfFacts(
-                path=path,
-                size=size,
-                machine=str(elf["e_machine"]),
-                osabi=str(elf["e_ident"]["EI_OSABI"]),
-                etype=str(elf["e_type"]),
-            )
-            _read_segments(elf, facts)
-            _read_dynamic(elf, sections, facts)
-            _read_notes(elf, sections, facts)
-            _read_symbols(sections, facts)
-        except ElfError:
-            raise
-        except Exception as e:  # pyelftools/construct raise many types on corrupt input
-            raise _corrupt(path, e, role) from None
+    with image(path, role) as img:
+        facts = ElfFacts(
+            path=path,
+            size=img.size,
+            machine=R.MACHINES[img.machine],
+            osabi=R.OSABIS.get(img.osabi, f"ELFOSABI_{img.osabi}"),
+            etype=R.ETYPES.get(img.etype, f"ET_{img.etype:#x}"),
+        )
+        _read_segments(img, facts)
+        _read_dynamic(img, facts)
+        _read_notes(img, facts)
+        _read_symbols(img, facts)
     return facts
 
 
-def open_checked(path: Path, role: str) -> tuple[BinaryIO, int]:
-    """Open and preflight a file for a caller that reads only part of it (e.g. libc's version defs)."""
-    f = _open(path, role)
+def version_defs(path: Path, role: str) -> list[str]:
+    """The version names a library defines (.gnu.version_d), its own base name left out."""
+    with image(Path(path), role) as img:
+        return [name for _ndx, flags, name in img.verdefs() if not flags & R.VER_FLG_BASE]
+
+
+@contextmanager
+def image(path: Path, role: str) -> Iterator[R.ElfImage]:
+    """The checked, mapped file; every reader error becomes one ElfError line naming `path`."""
+    with _open(path, role) as f:
+        size = _preflight(f, path, role)
     try:
-        return f, _preflight(f, path, role)
-    except BaseException:
-        f.close()
-        raise
-
-
-def corrupt_error(path: Path, exc: Exception, role: str = "candidate") -> ElfError:
-    return _corrupt(path, exc, role)
+        img = R.open_image(path)
+    except R.Truncated as e:
+        raise ElfError(f"{role} {path} is truncated ({e}); re-copy or rebuild it") from None
+    except (R.Malformed, OSError, ValueError) as e:
+        raise _corrupt(path, e, role) from None
+    try:
+        if img.size != size:
+            raise R.Malformed(f"changed size while being read ({size} -> {img.size} bytes)")
+        yield img
+    except R.Malformed as e:
+        raise _corrupt(path, e, role) from None
+    finally:
+        img.close()
 
 
 # --- input validation -------------------------------------------------------------------------
@@ -180,6 +170,9 @@ def _preflight(f: BinaryIO, path: Path, role: str) -> int:
     ident = f.read(64)
     if size == 0:
         raise ElfError(f"{role} {path} is empty; rebuild or re-copy it")
+    if size > R.MAX_BYTES:  # before any scan or hash: a 20 GiB sparse file is refused at once
+        raise ElfError(f"{role} {path} is {size} bytes, larger than any shared library this tool checks "
+                       f"(limit {R.MAX_BYTES >> 20} MiB); give the built .so")
     if not ident.startswith(b"\x7fELF"):
         raise ElfError(f"{role} {path} is not an ELF file (starts with {ident[:4]!r}); give the built .so")
     if len(ident) < 64:
@@ -199,154 +192,92 @@ def _preflight(f: BinaryIO, path: Path, role: str) -> int:
     need = max(phoff + phentsize * phnum, shoff + shentsize * shnum)
     if need > size:
         raise ElfError(f"{role} {path} is truncated ({size} bytes, its headers need {need}); re-copy or rebuild it")
-    if shnum == 0:  # pyelftools reads symbols and versions from sections only
+    if shnum == 0:  # symbols and versions are read from sections only
         raise ElfError(f"{role} {path} has no section headers (sstrip'ed?); check the build before stripping")
     return size
 
 
-def _check_extents(elf: ELFFile, sections: list, path: Path, size: int, role: str) -> None:
-    """A truncated copy parses lazily into garbage; compare every header's extent with the size."""
-    need = max(elf["e_phoff"] + elf["e_phnum"] * elf["e_phentsize"],
-               elf["e_shoff"] + elf["e_shnum"] * elf["e_shentsize"])
-    if need <= size:
-        for seg in elf.iter_segments():
-            need = max(need, seg["p_offset"] + seg["p_filesz"])
-        for sec in sections:
-            if sec["sh_type"] != "SHT_NOBITS":
-                need = max(need, sec["sh_offset"] + sec["sh_size"])
-    if need > size:
-        raise ElfError(f"{role} {path} is truncated ({size} bytes, its headers need {need}); re-copy or rebuild it")
-
-
 def _corrupt(path: Path, exc: Exception, role: str = "candidate") -> ElfError:
     first = (str(exc).strip().splitlines() or [""])[0][:160]
-    return ElfError(f"{role} {path} is a corrupt ELF ({type(exc).__name__}: {first}); rebuild or re-copy it")
+    return ElfError(f"{role} {path} is a corrupt ELF ({first or type(exc).__name__}); rebuild or re-copy it")
 
 
 # --- readers ----------------------------------------------------------------------------------
 
 
-def _read_segments(elf: ELFFile, facts: ElfFacts) -> None:
-    for seg in elf.iter_segments():
-        kind = seg["p_type"]
-        if kind == "PT_INTERP":
-            facts.interp = seg.get_interp_name()
-        elif kind == "PT_GNU_STACK":
-            facts.stack_flags = seg["p_flags"]
+def _read_segments(img: R.ElfImage, facts: ElfFacts) -> None:
+    facts.interp = img.interp()
+    for seg in img.segments:
+        if seg.type == R.PT_GNU_STACK:
+            facts.stack_flags = seg.flags
 
 
-def _dynamic(elf: ELFFile, sections: list):
-    for sec in sections:
-        if sec["sh_type"] == "SHT_DYNAMIC":
-            return sec
-    for seg in elf.iter_segments():  # section headers stripped
-        if seg["p_type"] == "PT_DYNAMIC":
-            return seg
-    return None
-
-
-def _read_dynamic(elf: ELFFile, sections: list, facts: ElfFacts) -> None:
-    dyn = _dynamic(elf, sections)
-    if dyn is None:
-        return
-    for tag in dyn.iter_tags():
-        kind = tag["d_tag"]
-        if kind == "DT_NEEDED":
-            facts.needed.append(tag.needed)
-        elif kind == "DT_SONAME":
-            facts.soname = tag.soname
-        elif kind == "DT_RPATH":
-            facts.rpath.append(tag.rpath)
-        elif kind == "DT_RUNPATH":
-            facts.runpath.append(tag.runpath)
-        elif kind == "DT_TEXTREL":
+def _read_dynamic(img: R.ElfImage, facts: ElfFacts) -> None:
+    for tag, val in img.dynamic():
+        if tag == R.DT_NEEDED:
+            facts.needed.append(str(val))
+        elif tag == R.DT_SONAME:
+            facts.soname = str(val)
+        elif tag == R.DT_RPATH:
+            facts.rpath.append(str(val))
+        elif tag == R.DT_RUNPATH:
+            facts.runpath.append(str(val))
+        elif tag == R.DT_TEXTREL:
             facts.textrel = True
-        elif kind == "DT_RELR":
+        elif tag == R.DT_RELR:
             facts.relr = True
-        elif kind == "DT_FLAGS" and tag["d_val"] & DF_TEXTREL:
+        elif tag == R.DT_FLAGS and isinstance(val, int) and val & DF_TEXTREL:
             facts.textrel = True
-        elif kind == "DT_NULL":
-            break
 
 
-def _notes(elf: ELFFile, sections: list):
-    notes = [s for s in sections if s["sh_type"] == "SHT_NOTE"]
-    if sections:
-        for sec in notes:
-            yield from sec.iter_notes()
-        return
-    for seg in elf.iter_segments():
-        if seg["p_type"] == "PT_NOTE":
-            yield from seg.iter_notes()
+def _read_notes(img: R.ElfImage, facts: ElfFacts) -> None:
+    for name, ntype, desc in img.notes():
+        if name != b"GNU":
+            continue
+        if ntype == R.NT_GNU_BUILD_ID:
+            facts.build_id = desc.hex()
+        elif ntype == R.NT_GNU_PROPERTY_TYPE_0:
+            for pr_type, data in R.gnu_properties(desc):
+                if pr_type == R.GNU_PROPERTY_X86_ISA_1_NEEDED and len(data) == 4:
+                    facts.x86_isa_needed = (facts.x86_isa_needed or 0) | struct.unpack("<I", data)[0]
 
 
-def _read_notes(elf: ELFFile, sections: list, facts: ElfFacts) -> None:
-    for note in _notes(elf, sections):
-        if note["n_type"] == "NT_GNU_BUILD_ID":
-            facts.build_id = note["n_desc"]
-        elif note["n_type"] == "NT_GNU_PROPERTY_TYPE_0":
-            for prop in note["n_desc"]:
-                if prop["pr_type"] == "GNU_PROPERTY_X86_ISA_1_NEEDED" and isinstance(prop["pr_data"], int):
-                    facts.x86_isa_needed = (facts.x86_isa_needed or 0) | prop["pr_data"]
-
-
-def _read_symbols(sections: list, facts: ElfFacts) -> None:
-    dynsym = verdef = verneed = versym = None
-    for sec in sections:
-        kind = sec["sh_type"]
-        if kind == "SHT_DYNSYM":
-            dynsym = sec
-        elif kind == "SHT_GNU_verdef":
-            verdef = sec
-        elif kind == "SHT_GNU_verneed":
-            verneed = sec
-        elif kind == "SHT_GNU_versym":
-            versym = sec
-        elif kind == "SHT_SYMTAB":
-            facts.has_symtab = True
+def _read_symbols(img: R.ElfImage, facts: ElfFacts) -> None:
+    facts.has_symtab = img.first(R.SHT_SYMTAB) is not None
+    dynsym = img.first(R.SHT_DYNSYM)
     if dynsym is None:
         return
-
     # version index -> (name, library or None for our own definitions)
     versions: dict[int, tuple[str, str | None]] = {}
-    if verdef is not None:
-        for vd, auxs in verdef.iter_versions():
-            name = next(iter(auxs)).name
-            if vd["vd_flags"] & 0x1:  # VER_FLG_BASE: the file's own name, not a version node
-                continue
-            versions[vd["vd_ndx"]] = (name, None)
-            facts.version_defs.append(name)
-    if verneed is not None:
-        for vn, auxs in verneed.iter_versions():
-            for aux in auxs:
-                versions[aux["vna_other"]] = (aux.name, vn.name)
-    # .gnu.version is a plain array of u16, one per .dynsym entry: read it raw, not entry by entry.
-    indices: tuple[int, ...] = ()
-    if versym is not None:
-        raw = versym.data()
-        indices = struct.unpack(f"<{len(raw) // 2}H", raw[: len(raw) // 2 * 2])
+    for ndx, flags, name in img.verdefs():
+        if flags & R.VER_FLG_BASE:  # the file's own name, not a version node
+            continue
+        versions[ndx] = (name, None)
+        facts.version_defs.append(name)
+    for library, other, name in img.verneeds():
+        versions[other] = (name, library)
+    indices = img.versym()  # one u16 per .dynsym entry
 
-    for i, sym in enumerate(dynsym.iter_symbols()):
+    for i, sym in enumerate(img.symbols(dynsym, ".dynsym")):
         if i == 0 or not sym.name:
             continue
         ndx = indices[i] if i < len(indices) else 1
         ver = versions.get(ndx & 0x7FFF)
-        info = sym["st_info"]
-        if sym["st_shndx"] == _UNDEF:
+        if sym.shndx == R.SHN_UNDEF:
             facts.imports.append(Import(sym.name, ver[0] if ver else None, ver[1] if ver else None,
-                                        info["bind"] == "STB_WEAK"))
+                                        sym.bind == "STB_WEAK"))
             continue
-        if info["bind"] == "STB_LOCAL":
+        if sym.bind == "STB_LOCAL":
             continue
         old = facts.exports.get(sym.name)
         if old is not None and not old.hidden_version:
             continue  # name@@DEFAULT already recorded; an older name@V beside it changes nothing
         facts.exports[sym.name] = DynSymbol(
             name=sym.name,
-            type=str(info["type"]),  # pyelftools gives a bare int for values it has no name for
-            bind=str(info["bind"]),
-            visibility=str(sym["st_other"]["visibility"]),
-            absolute=sym["st_shndx"] == "SHN_ABS",
+            type=sym.type,
+            bind=sym.bind,
+            visibility=sym.visibility,
+            absolute=sym.shndx == R.SHN_ABS,
             version=ver[0] if ver and ver[1] is None else None,
             hidden_version=bool(ndx & VERSYM_HIDDEN),
         )

@@ -9,10 +9,8 @@ import os
 import re
 from pathlib import Path
 
-from elftools.elf.elffile import ELFFile
-
 from ..errors import ElfError, UsageError
-from .facts import ElfFacts, corrupt_error, open_checked, read_facts
+from .facts import ElfFacts, read_facts, version_defs
 
 _GLIBC_RE = re.compile(r"^GLIBC_(\d+(?:\.\d+)+)$")
 _FLOOR_RE = re.compile(r"^\d+\.\d+(?:\.\d+)?$")
@@ -110,17 +108,8 @@ def glibc_floor_of_libc(path: Path, arch: str | None = None) -> str:
     path = Path(path)
     if path.is_dir():
         path = find_libc(path, arch)
-    f, _ = open_checked(path, "libc")
-    releases: list[str] = []
-    with f:
-        try:
-            verdef = next((s for s in ELFFile(f).iter_sections() if s["sh_type"] == "SHT_GNU_verdef"), None)
-            for _vd, auxs in verdef.iter_versions() if verdef is not None else ():
-                m = _GLIBC_RE.match(next(iter(auxs)).name)
-                if m:
-                    releases.append(m.group(1))
-        except Exception as e:  # pyelftools raises many types on corrupt input
-            raise corrupt_error(path, e, "libc") from None
+    releases = [m.group(1) for m in (_GLIBC_RE.match(v) for v in version_defs(path, "libc")) if m]
     if not releases:
-        raise ElfError(f"libc {path} defines no GLIBC_x.y versions (not glibc, e.g. musl?); a glibc shim cannot load there")
+        raise ElfError(f"libc {path} defines no GLIBC_x.y versions (not glibc, e.g. musl?); "
+                       "a glibc shim cannot load there")
     return max(releases, key=version_key)

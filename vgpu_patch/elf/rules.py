@@ -6,8 +6,9 @@ A rule returns one RuleResult; `fail` means preloading the file can break or hij
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Callable, Iterable
+from typing import Callable
 
 from .facts import PF_X, DynSymbol, ElfFacts
 from .glibc import release_of, requirements_of, version_key
@@ -59,7 +60,8 @@ def public_exports(facts: ElfFacts) -> dict[str, DynSymbol]:
 def split_vendor(vendor: ElfFacts, reference_surface: frozenset[str], reference_internal: frozenset[str]
                  ) -> tuple[frozenset[str], frozenset[str]]:
     """The vendor file's (surface, leaked internals): entry-point functions vs everything else."""
-    surface, internal = set(), set()
+    surface: set[str] = set()
+    internal: set[str] = set()
     for name, sym in public_exports(vendor).items():
         is_entry = name in reference_surface or (_ENTRY_POINT.match(name) and name not in reference_internal)
         (surface if is_entry and sym.type in _FUNC_TYPES else internal).add(name)
@@ -183,7 +185,7 @@ def surface_missing(c: Context) -> RuleResult:
     absent = sorted(set(missing) - c.cand.symtab_definitions(missing).keys())
     if absent:
         return RuleResult("surface-missing", "fail", f"{len(absent)} of {len(c.surface)} {c.ref} surface names "
-                          f"are not defined: {listing(absent)}; add them to c_src/driver/hooks.def", tuple(absent))
+                          f"are not defined: {listing(absent)}; add them to hooks.def (HOOK lines)", tuple(absent))
     return RuleResult("surface-missing", "pass", f"all {len(c.surface)} {c.ref} surface names are defined")
 
 
@@ -229,11 +231,13 @@ def extra_exports(c: Context) -> RuleResult:
     hijack = known + other
     if hijack:
         tag = f" ({len(known)} of them vendor internals)" if known else ""
-        return RuleResult("extra-exports", "fail", f"exports {plural(len(hijack), 'function')} outside the surface{tag}: "
+        return RuleResult("extra-exports", "fail",
+                          f"exports {plural(len(hijack), 'function')} outside the surface{tag}: "
                           f"{listing(hijack)}; they hijack same-named application symbols: make them hidden",
                           tuple(hijack + entry))
     if entry:
-        return RuleResult("extra-exports", "warn", f"exports {plural(len(entry), 'driver entry point')} not in the {c.ref} "
+        return RuleResult("extra-exports", "warn",
+                          f"exports {plural(len(entry), 'driver entry point')} not in the {c.ref} "
                           f"surface: {listing(entry)}; they interpose real driver calls", tuple(entry))
     return RuleResult("extra-exports", "pass", "no functions exported beyond the surface")
 
@@ -292,7 +296,7 @@ def glibc_floor(c: Context) -> RuleResult:
     if c.glibc_floor is None:
         return RuleResult("glibc-floor", "info", f"needs glibc {top or 'of any version'}; no floor given{vend}")
     floor = version_key(c.glibc_floor)
-    above = [v for v in req["versions"] if release_of(v) and version_key(release_of(v)) > floor]
+    above = [v for v in req["versions"] if (rel := release_of(v)) and version_key(rel) > floor]
     if above:
         syms = [s for v in above for s in req["symbols"][v]]
         return RuleResult("glibc-floor", "fail", f"needs GLIBC_{top} ({listing(syms, 4)}) > floor {c.glibc_floor}: "

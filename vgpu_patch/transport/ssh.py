@@ -11,8 +11,8 @@ import hashlib
 import os
 import socket
 import threading
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import paramiko
 
@@ -70,7 +70,7 @@ class SSHTransport(Transport):
         key_filenames: Sequence[str] = (),
         known_hosts: Path | str | None = None,
         accept_new_host_keys: bool = False,
-        jump: "SSHTransport | None" = None,
+        jump: SSHTransport | None = None,
         connect_timeout: float = 15.0,
         allow_agent: bool = True,
         name: str | None = None,
@@ -96,15 +96,16 @@ class SSHTransport(Transport):
     # -- connection ---------------------------------------------------------------------------
     def _connect(self) -> paramiko.SSHClient:
         with self._lock:
-            if self._client is not None and self._client.get_transport() is not None:
-                if self._client.get_transport().is_active():
-                    return self._client
+            live = self._client.get_transport() if self._client is not None else None
+            if self._client is not None and live is not None and live.is_active():
+                return self._client
             client = paramiko.SSHClient()
             if self.known_hosts.exists():
                 try:
                     client.load_host_keys(str(self.known_hosts))
                 except (OSError, paramiko.SSHException) as e:
-                    raise HostKeyError(f"{self.name}: cannot read {self.known_hosts}: {e}; fix or pass --known-hosts") from e
+                    raise HostKeyError(f"{self.name}: cannot read {self.known_hosts}: {e}; "
+                                       "fix or pass --known-hosts") from e
             client.set_missing_host_key_policy(
                 _HostKeyPolicy(self.known_hosts, self.accept_new_host_keys, _KNOWN_HOSTS_LOCK)
             )
@@ -128,7 +129,7 @@ class SSHTransport(Transport):
                     self.hostname,
                     port=self.port,
                     username=self.user,
-                    key_filename=self.key_filenames or None,
+                    key_filename=self.key_filenames or None,  # type: ignore[arg-type]  # a list works too
                     look_for_keys=not self.key_filenames,
                     allow_agent=self.allow_agent,
                     timeout=self.connect_timeout,
@@ -153,7 +154,8 @@ class SSHTransport(Transport):
                 ) from e
             except (OSError, paramiko.SSHException, EOFError) as e:
                 client.close()
-                raise ConnectionFailure(f"{self.name}: cannot connect ({e or type(e).__name__}); check host, port and network") from e
+                raise ConnectionFailure(f"{self.name}: cannot connect ({e or type(e).__name__}); "
+                                        "check host, port and network") from e
             self._client = client
             return client
 
@@ -237,8 +239,10 @@ class SSHTransport(Transport):
         except OSError as e:
             if not self._alive():
                 self.close()
-                raise ConnectionFailure(f"{self.name}: connection lost during upload to {remote_path} ({e}); rerun") from e
-            raise DeployError(f"{self.name}: upload to {remote_path} failed ({e}); check free space and permissions") from e
+                raise ConnectionFailure(
+                    f"{self.name}: connection lost during upload to {remote_path} ({e}); rerun") from e
+            raise DeployError(f"{self.name}: upload to {remote_path} failed ({e}); "
+                              "check free space and permissions") from e
 
     def _alive(self) -> bool:
         t = self._client.get_transport() if self._client is not None else None
@@ -252,8 +256,9 @@ class SSHTransport(Transport):
                 sftp.get(remote_path, str(local_path))
             finally:
                 sftp.close()
-        except IOError as e:
+        except OSError as e:
             raise DeployError(f"{self.name}: download of {remote_path} failed ({e})") from e
         except (paramiko.SSHException, EOFError) as e:
             self.close()
-            raise ConnectionFailure(f"{self.name}: connection lost during download of {remote_path} ({e}); rerun") from e
+            raise ConnectionFailure(
+                f"{self.name}: connection lost during download of {remote_path} ({e}); rerun") from e
