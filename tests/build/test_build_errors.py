@@ -124,16 +124,15 @@ def test_no_headers_names_both_options() -> None:
     assert "CUDA_HOME" in msg and "vgpu-patch[build]" in msg
 
 
-def test_hooks_def_is_found_in_driver_after_the_layering_move(make_src, tmp_path: Path) -> None:
-    """c_src/driver/hooks.def (the driver layer's home) builds exactly as c_src/interpose/hooks.def did."""
+def test_hooks_def_in_the_old_place_still_builds(make_src, tmp_path: Path) -> None:
+    """A tree from before the driver/ layer (hooks.def in interpose/) builds as c_src/driver/hooks.def does."""
     from vgpu_patch.sources import find_hooks_def
 
     src = make_src()
-    (src / "driver").mkdir()
-    (src / "interpose" / "hooks.def").rename(src / "driver" / "hooks.def")
-    assert find_hooks_def(src) == src / "driver" / "hooks.def"
+    (src / "driver" / "hooks.def").rename(src / "interpose" / "hooks.def")
+    assert find_hooks_def(src) == src / "interpose" / "hooks.def"
     r = build_shim(tmp_path / "out", src_dir=src, arch="x86_64", glibc="2.28")
-    assert r.manifest["hooks_def_sha256"] == hashlib.sha256((src / "driver" / "hooks.def").read_bytes()).hexdigest()
+    assert r.manifest["hooks_def_sha256"] == hashlib.sha256((src / "interpose" / "hooks.def").read_bytes()).hexdigest()
 
 
 def test_the_packaged_sources_are_found_through_importlib_resources() -> None:
