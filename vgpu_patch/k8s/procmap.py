@@ -1,0 +1,142 @@
+"""Processes that still map an old copy of the library, and the pods they belong to.
+
+After a swap, running containers keep the inode they bind-mounted until they restart. A process is
+stale when one of its mappings of the library (the host path under the library directory, or HAMi's
+in-container `/usr/local/vgpu/libvgpu.so`) is a deleted file or an inode other than the live file's.
+`scan()` reads /proc directly (the agent, with hostPID or the host's /proc mounted); `pods_for_pids()`
+reads the cgroup files of given pids over any transport (`vgpu-patch status`).
+"""
+from __future__ import annotations
+
+import os
+import shlex
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..transport.base import Transport
+from .cgroup import PodRef, parse_cgroup
+
+CONTAINER_LIB = "/usr/local/vgpu/libvgpu.so"  # where HAMi mounts the chosen file in every container
+LIB = "libvgpu.so"
+
+
+@dataclass
+class StaleProcess:
+    pid: int
+    inode: int
+    path: str
+    deleted: bool
+    pod: PodRef | None = None
+
+    def to_dict(self) -> dict:
+        return {"pid": self.pid, "inode": self.inode, "path": self.path, "deleted": self.deleted,
+                **(self.pod.to_dict() if self.pod else {"pod_uid": None, "container_id": None})}
+
+
+@dataclass
+class StalePod:
+    """One pod's stale processes; namespace and name are filled in from the API when the agent can read it."""
+
+    pod_uid: str
+    containers: list[str] = field(default_factory=list)
+    pids: list[int] = field(default_factory=list)
+    namespace: str | None = None
+    name: str | None = None
+
+    def to_dict(self) -> dict:
+        return {"pod_uid": self.pod_uid, "namespace": self.namespace, "name": self.name,
+                "containers": self.containers, "pids": self.pids}
+
+
+def _lib_match(path: str, lib_dirs: tuple[str, ...]) -> bool:
+    path = path.removesuffix(" (deleted)")
+    if path == CONTAINER_LIB:
+        return True
+    head, _, base = path.rpartition("/")
+    return head in lib_dirs and (base == LIB or base.startswith(LIB + "."))
+
+
+def parse_maps_line(line: str) -> tuple[int, str, bool] | None:
+    """(inode, path, deleted) of one /proc/PID/maps line that maps a file, else None."""
+    cols = line.split(None, 5)
+    if len(cols) < 6 or not cols[5].startswith("/"):
+        return None
+    path = cols[5].rstrip("\n")
+    deleted = path.endswith(" (deleted)")
+    try:
+        return int(cols[4]), path.removesuffix(" (deleted)"), deleted
+    except ValueError:
+        return None
+
+
+def scan(proc: Path | str, lib_dirs: Iterable[str], live_inode: int | None, *, skip_pid: int | None = None) -> list[StaleProcess]:
+    """Every process under `proc` mapping a library copy other than the live inode, with its pod when in one.
+
+    `lib_dirs` are the library directory as processes see it: the host path, and the path under the agent's
+    host root where the agent itself reads it (so a test's fake root works the same).
+    """
+    proc = Path(proc)
+    dirs = tuple(d.rstrip("/") for d in lib_dirs)
+    out: list[StaleProcess] = []
+    try:
+        entries = [e for e in os.scandir(proc) if e.name.isdigit()]
+    except OSError:
+        return out
+    own = skip_pid if skip_pid is not None else os.getpid()
+    for e in entries:
+        pid = int(e.name)
+        if pid == own:
+            continue
+        try:
+            with open(os.path.join(e.path, "maps"), errors="replace") as f:
+                hits = [m for line in f if (m := parse_maps_line(line)) and _lib_match(m[1], dirs)]
+        except OSError:  # exited, or not readable (no CAP_SYS_PTRACE for another user's process)
+            continue
+        stale = [m for m in hits if m[2] or m[0] != live_inode]
+        if not stale:
+            continue
+        inode, path, deleted = stale[0]
+        try:
+            pod = parse_cgroup(Path(e.path, "cgroup").read_text(errors="replace"))
+        except OSError:
+            pod = None
+        out.append(StaleProcess(pid, inode, path, deleted, pod))
+    return sorted(out, key=lambda s: s.pid)
+
+
+def by_pod(procs: Iterable[StaleProcess]) -> tuple[list[StalePod], list[int]]:
+    """Group by pod: the pods (sorted by uid) and the pids that belong to no pod (host processes)."""
+    pods: dict[str, StalePod] = {}
+    other: list[int] = []
+    for p in procs:
+        if p.pod is None:
+            other.append(p.pid)
+            continue
+        sp = pods.setdefault(p.pod.pod_uid, StalePod(p.pod.pod_uid))
+        sp.pids.append(p.pid)
+        if p.pod.container_id and p.pod.container_id not in sp.containers:
+            sp.containers.append(p.pod.container_id)
+    return [pods[k] for k in sorted(pods)], sorted(other)
+
+
+def pods_for_pids(t: Transport, pids: Iterable[int]) -> dict[int, PodRef | None]:
+    """Read /proc/PID/cgroup of each pid on the node in one round trip; a pid that exited maps to None."""
+    pids = sorted({int(p) for p in pids})
+    if not pids:
+        return {}
+    script = "for p in " + " ".join(shlex.quote(str(p)) for p in pids) + \
+        "; do printf '@@pid %s\\n' \"$p\"; cat /proc/\"$p\"/cgroup 2>/dev/null; done; true"
+    res = t.run(script, sudo=True, warn=True, timeout=60)
+    out: dict[int, PodRef | None] = dict.fromkeys(pids)
+    cur: int | None = None
+    chunks: dict[int, list[str]] = {}
+    for line in res.stdout.splitlines():
+        if line.startswith("@@pid "):
+            cur = int(line[6:].strip())
+            chunks[cur] = []
+        elif cur is not None:
+            chunks[cur].append(line)
+    for pid, lines in chunks.items():
+        out[pid] = parse_cgroup("\n".join(lines))
+    return out
