@@ -51,10 +51,28 @@ Exit codes: 0 ok (probe: ready); 1 failed, refused image content, or probe: not 
               help="Serve Prometheus metrics on this port (/metrics); off by default.")
 @click.option("--metrics-addr", default="0.0.0.0", show_default=True, help="Address for --metrics-port.")
 @click.option("--operator", default="", help="Recorded in history.jsonl [default: agent@$NODE_NAME].")
+@click.option("--proc-root", type=click.Path(file_okay=False, path_type=Path), default=Path("/proc"), show_default=True,
+              help="The host's /proc (the pod needs hostPID): processes still on an old library and their pods.")
+@click.option("--no-stale-scan", is_flag=True, help="Do not look for processes still mapping an old library.")
+@click.option("--ready-file", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Exists only while ready: an exec readiness probe is `test -e FILE` [default: `ready` beside "
+                   "--status-file].")
+@click.option("--stuck-after", type=click.FloatRange(min=1), default=None,
+              help="Liveness (/livez) fails when the watch loop has not turned for this many seconds "
+                   "[default: max(120, 3*interval+60)].")
+@click.option("--report", "report", type=click.Choice(["auto", "on", "off"]), default="auto", show_default=True,
+              help="Annotate this node with the live sha256 and the pods still on an old library; "
+                   "auto = when a service-account token is mounted.")
+@click.option("--node-name", envvar="NODE_NAME", default=None, help="This node's name [default: $NODE_NAME].")
+@click.option("--api-server", default=None, metavar="URL", help="Kubernetes API URL [default: in-cluster].")
+@click.option("--token-file", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Bearer token for --api-server.")
 @json_option
 def cli(library: Path, sha256: str | None, manifest: Path | None, host_root: Path, target_dir: str, interval: float,
         watch: str, once: bool, probe: bool, do_rollback: bool, to_sha256: str | None, status_file: Path,
-        metrics_port: int | None, metrics_addr: str, operator: str, as_json: bool) -> None:
+        metrics_port: int | None, metrics_addr: str, operator: str, proc_root: Path, no_stale_scan: bool,
+        ready_file: Path | None, stuck_after: float | None, report: str, node_name: str | None, api_server: str | None,
+        token_file: Path | None, as_json: bool) -> None:
     """Install the image's libvgpu.so into the host's library directory and keep it there.
 
     Uses the same protocol and on-node state as `vgpu-patch deploy` (lock, backups, history.jsonl with
@@ -77,8 +95,11 @@ def cli(library: Path, sha256: str | None, manifest: Path | None, host_root: Pat
                        err=True)
         sys.exit(0 if doc["ready"] else EXIT_FAILED)
 
+    reporter = _reporter(report, node_name, api_server, token_file) if not (do_rollback or probe) else None
     cfg = AgentConfig(library=library, host_root=host_root, target_dir=target_dir, interval=interval, sha256=sha256,
-                      manifest=manifest, status_file=status_file, operator=operator, watch=watch)
+                      manifest=manifest, status_file=status_file, operator=operator, watch=watch,
+                      proc=None if no_stale_scan else proc_root, ready_file=ready_file or status_file.with_name("ready"), stuck_after=stuck_after or 0.0,
+                      reporter=reporter)
     agent = Agent(cfg)
     if do_rollback:
         res = agent.rollback(to_sha256)
@@ -97,7 +118,7 @@ def cli(library: Path, sha256: str | None, manifest: Path | None, host_root: Pat
     if metrics_port is not None:
         from ..agent.metrics import serve
 
-        server = serve(lambda: agent.status, metrics_port, metrics_addr)
+        server = serve(agent.snapshot, metrics_port, metrics_addr, stuck_after=cfg.stuck_seconds)
         log(f"metrics on http://{metrics_addr}:{server.server_address[1]}/metrics")
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: agent.stop())
@@ -109,3 +130,21 @@ def cli(library: Path, sha256: str | None, manifest: Path | None, host_root: Pat
     if as_json:
         emit_json(status.to_dict())
 
+
+
+def _reporter(mode: str, node: str | None, server: str | None, token_file: Path | None):  # type: ignore[no-untyped-def]
+    """The node reporter for --report, None when off (auto: only with a mounted service-account token)."""
+    from ..k8s import api
+
+    if mode == "off":
+        return None
+    client = api.Client(server, token_file=token_file) if server else api.in_cluster()
+    if client is None:
+        if mode == "on":
+            raise click.UsageError("--report on: no service-account token is mounted and no --api-server was given")
+        return None
+    if not node:
+        raise click.UsageError("reporting to the API needs this node's name: set NODE_NAME or --node-name")
+    from ..k8s.report import NodeReporter
+
+    return NodeReporter(client, node)
