@@ -325,7 +325,7 @@ def values_schema() -> dict[str, Any]:
         props[VALUE_NAMES[f.name]] = schema
     props["interval"] = {"type": "number", "minimum": 0.5}
     props["metricsPort"] = {"type": ["integer", "null"], "minimum": 1, "maximum": 65535}
-    return {"$schema": "https://json-schema.org/draft-07/schema#", "type": "object", "additionalProperties": False,
+    return {"$schema": "http://json-schema.org/draft-07/schema#", "type": "object", "additionalProperties": False,
             "properties": props}
 
 

@@ -6,7 +6,6 @@ import shutil
 from pathlib import Path
 
 import pytest
-
 from agent_helpers import Host, Image, build_lib, sha
 
 

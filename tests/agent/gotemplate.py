@@ -26,7 +26,7 @@ class TemplateFail(Exception):
 
 
 def truthy(v: Any) -> bool:
-    return not (v is None or v is False or v == 0 and not isinstance(v, bool) or v in ("", [], {}))
+    return not (v is None or v is False or (v == 0 and not isinstance(v, bool)) or v in ("", [], {}))
 
 
 def gostr(v: Any) -> str:

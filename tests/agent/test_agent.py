@@ -6,13 +6,14 @@ import shutil
 import threading
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable
 
 import pytest
+from agent_helpers import Host, Image, sha
 from click.testing import CliRunner
 
-from agent_helpers import Host, Image, sha
 from vgpu_patch.agent import Agent, AgentConfig
 from vgpu_patch.commands.agent import cli
 from vgpu_patch.errors import ElfError, IntegrityError

@@ -92,7 +92,7 @@ def serve(snapshot: Callable[[], AgentStatus], port: int, addr: str = "0.0.0.0",
     """Serve /metrics, /readyz, /healthz and /livez from a daemon thread; returns the server (port 0 = any)."""
 
     class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        def do_GET(self) -> None:
             s, now = snapshot(), time.time()
             path = self.path.split("?", 1)[0]
             ctype = "text/plain; charset=utf-8"

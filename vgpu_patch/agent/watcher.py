@@ -57,7 +57,7 @@ class PollWatcher:
     def close(self) -> None:
         self._stop.set()
 
-    def __enter__(self) -> "PollWatcher":
+    def __enter__(self) -> PollWatcher:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -80,7 +80,8 @@ def cli(library: Path, sha256: str | None, manifest: Path | None, host_root: Pat
     copying its own file back on restart) replaces it, and stops enforcing when an operator's recorded
     change (a rollback or deploy by the CLI or Ansible) replaced it.
     """
-    from ..agent.loop import Agent, AgentConfig, log, probe as run_probe
+    from ..agent.loop import Agent, AgentConfig, log
+    from ..agent.loop import probe as run_probe
 
     if sum((once, probe, do_rollback)) > 1:
         raise click.UsageError("--once, --probe and --rollback are exclusive: pick one")

@@ -11,9 +11,10 @@ from __future__ import annotations
 import os
 import shlex
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
+from ..deploy.swap import NodeStatus
 from ..transport.base import Transport
 from .cgroup import PodRef, parse_cgroup
 
@@ -140,3 +141,37 @@ def pods_for_pids(t: Transport, pids: Iterable[int]) -> dict[int, PodRef | None]
     for pid, lines in chunks.items():
         out[pid] = parse_cgroup("\n".join(lines))
     return out
+
+
+@dataclass
+class NodeStatusWithPods(NodeStatus):
+    """`vgpu-patch status` for one node, plus each stale process's pod (`stale_processes`)."""
+
+    stale_processes: list[dict] = field(default_factory=list)
+
+
+def with_pods(t: Transport, status: NodeStatus) -> NodeStatusWithPods:
+    """Add each stale pid's pod UID, container id and runtime (read from its /proc/PID/cgroup on the node)."""
+    pods = pods_for_pids(t, status.stale_pids)
+    rows = [{"pid": pid, **(ref.to_dict() if ref else {"pod_uid": None, "container_id": None, "runtime": None})}
+            for pid, ref in sorted(pods.items())]
+    return NodeStatusWithPods(**{f.name: getattr(status, f.name) for f in fields(status)}, stale_processes=rows)
+
+
+def stale_table(fleet: object) -> None:
+    """A second `status` table: every process still on an old library, with its pod and container."""
+    import sys
+
+    from rich.console import Console
+    from rich.table import Table
+
+    rows = [(o.node, p) for o in getattr(fleet, "outcomes", []) for p in getattr(o.result, "stale_processes", [])]
+    if not rows:
+        return
+    table = Table(title="processes still on an old library (restart their containers)", title_justify="left")
+    for col in ("node", "pid", "pod uid", "container", "runtime"):
+        table.add_column(col, overflow="fold")
+    for node, p in rows:
+        table.add_row(node, str(p["pid"]), p["pod_uid"] or "(not in a pod)", (p["container_id"] or "-")[:13],
+                      p.get("runtime") or "-")
+    Console(file=sys.stdout, highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 200).print(table)
