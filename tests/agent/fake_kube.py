@@ -107,7 +107,7 @@ class FakeKube:
                 self.end_headers()
                 self.wfile.write(data)
 
-            do_GET = do_POST = do_PATCH = _do  # noqa: N815
+            do_GET = do_POST = do_PATCH = _do
 
             def log_message(self, format: str, *args: object) -> None:
                 pass

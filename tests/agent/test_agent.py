@@ -3,60 +3,21 @@ from __future__ import annotations
 
 import json
 import shutil
-import threading
 import time
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Callable
 
 import pytest
-from agent_helpers import Host, Image, sha
+from agent_helpers import TIMEOUT, Host, Image, hami_copy_back, sha, wait_for
 from click.testing import CliRunner
 
 from vgpu_patch.agent import Agent, AgentConfig
 from vgpu_patch.commands.agent import cli
 from vgpu_patch.errors import ElfError, IntegrityError
 
-TIMEOUT = 10.0
-
 
 def args(image: Image, host: Host, *extra: str) -> list[str]:
     return ["--library", str(image.library), "--host-root", str(host.root), "--target-dir", "/usr/local/vgpu", *extra]
-
-
-def wait_for(cond: Callable[[], bool], timeout: float = TIMEOUT) -> float:
-    start = time.monotonic()
-    while not cond():
-        if time.monotonic() - start > timeout:
-            raise AssertionError(f"condition not met within {timeout}s")
-        time.sleep(0.02)
-    return time.monotonic() - start
-
-
-def hami_copy_back(src: Path, live: Path) -> None:
-    """What HAMi's device plugin does on restart: a plain in-place cp over the live file."""
-    with open(src, "rb") as f, open(live, "r+b") as out:
-        out.truncate(0)
-        shutil.copyfileobj(f, out)
-
-
-@pytest.fixture
-def running(image: Image, host: Host, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Agent]:
-    """An agent running in a thread (watch mode from the test's `watch` marker), stopped at the end."""
-    marker = request.node.get_closest_marker("watch")
-    watch, interval = marker.args if marker else ("inotify", 30.0)
-    agent = Agent(AgentConfig(library=image.library, host_root=host.root, interval=interval, watch=watch,
-                              status_file=tmp_path / "run" / "agent.json", settle=0.05))
-    thread = threading.Thread(target=agent.run, daemon=True)
-    thread.start()
-    wait_for(lambda: agent.status.ready or agent.status.state == "error")
-    try:
-        yield agent
-    finally:
-        agent.stop()
-        thread.join(TIMEOUT)
-        assert not thread.is_alive()
 
 
 def test_once_installs_with_the_cli_protocol(image: Image, host: Host, vendor: Path, tmp_path: Path) -> None:

@@ -13,10 +13,10 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import gotemplate
 import pytest
 import yaml
 
-import gotemplate
 from vgpu_patch import __version__
 from vgpu_patch.daemonset import (
     DaemonSetOptions,

@@ -6,10 +6,10 @@ import os
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
-
 from agent_helpers import Host, Image
+from click.testing import CliRunner
 from fake_kube import FakeKube
+
 from vgpu_patch.agent import Agent, AgentConfig
 from vgpu_patch.agent.metrics import render as render_metrics
 from vgpu_patch.commands.restart_plan import cli as restart_plan

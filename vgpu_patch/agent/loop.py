@@ -55,7 +55,7 @@ class AgentConfig:
     watch: str = "auto"  # auto | inotify | poll
     settle: float = 0.3  # wait for another writer to finish before judging its file
     proc: Path | None = Path("/proc")  # the host's /proc (hostPID): stale processes and their pods; None = off
-    ready_file: Path | None = None  # exists only while ready (exec readiness probe `test -e`)
+    ready_file: Path | None = None  # exists only while ready (exec probe `test -e`); default: `ready` by status_file
     stuck_after: float = 0.0  # liveness fails when the loop has not turned for this long; 0 = max(120, 3*interval+60)
     reporter: NodeReporter | None = None  # node annotations through the API (optional service account)
 
@@ -75,7 +75,10 @@ class Agent:
         self.status = AgentStatus(
             node=self.t.name, library=str(cfg.library), want_sha256=self.image.sha256, target_dir=self.dir
         )
+        if cfg.ready_file is None and cfg.status_file is not None:
+            cfg.ready_file = cfg.status_file.with_name("ready")
         self.status.api = "ok" if cfg.reporter is not None else "off"
+        self.status.heartbeat_unix = time.time()  # a first check that never returns must also fail liveness
         self._stop = threading.Event()
         self._watcher: PollWatcher | None = None
         self._good_sig: tuple | None = None
@@ -268,6 +271,7 @@ class Agent:
         log(f"watching {self.host_dir} ({self._watcher.kind}, re-check every {self.cfg.interval:g}s); "
             f"image library {self.image.sha256[:12]} ({self.image.version or 'foreign build'})")
         try:
+            self.publish()  # "starting": not ready, but alive
             self.step(startup=True)
             startup = self.status.state == "error"  # keep trying the install until it has succeeded once
             while not self._stop.is_set():

@@ -99,7 +99,7 @@ def cli(library: Path, sha256: str | None, manifest: Path | None, host_root: Pat
     reporter = _reporter(report, node_name, api_server, token_file) if not (do_rollback or probe) else None
     cfg = AgentConfig(library=library, host_root=host_root, target_dir=target_dir, interval=interval, sha256=sha256,
                       manifest=manifest, status_file=status_file, operator=operator, watch=watch,
-                      proc=None if no_stale_scan else proc_root, ready_file=ready_file or status_file.with_name("ready"), stuck_after=stuck_after or 0.0,
+                      proc=None if no_stale_scan else proc_root, ready_file=ready_file, stuck_after=stuck_after or 0.0,
                       reporter=reporter)
     agent = Agent(cfg)
     if do_rollback:
