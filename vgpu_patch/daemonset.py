@@ -28,7 +28,8 @@ STATUS_FILE = f"{STATUS_DIR}/agent.json"
 READY_FILE = f"{STATUS_DIR}/ready"
 APP = "vgpu-patch-agent"
 SYSTEM_NAMESPACE = "kube-system"  # the only namespace admitting system-* priority classes by default
-_LABEL_KEY = re.compile(r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+_LABEL_KEY = re.compile(r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+                        r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
 _LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
@@ -79,7 +80,8 @@ def parse_node_selector(items: tuple[str, ...] | list[str]) -> dict[str, str]:
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not _LABEL_KEY.match(key) or not _LABEL_VALUE.match(value):
-            raise UsageError(f"--node-selector {item!r}: expected a label KEY=VALUE such as gpu=on or nvidia.com/gpu.present=true")
+            raise UsageError(f"--node-selector {item!r}: expected a label KEY=VALUE such as gpu=on or "
+                             "nvidia.com/gpu.present=true")
         out[key] = value
     return out
 
@@ -91,7 +93,8 @@ def parse_toleration(spec: str) -> dict[str, str]:
     body, _, effect = spec.partition(":")
     key, eq, value = body.partition("=")
     if not _LABEL_KEY.match(key) or (eq and not _LABEL_VALUE.match(value)) or (effect and effect not in _EFFECTS):
-        raise UsageError(f"--toleration {spec!r}: expected KEY[=VALUE][:EFFECT] (effect one of {', '.join(_EFFECTS)}) or '*'")
+        raise UsageError(f"--toleration {spec!r}: expected KEY[=VALUE][:EFFECT] "
+                         f"(effect one of {', '.join(_EFFECTS)}) or '*'")
     t = {"key": key, "operator": "Equal", "value": value} if eq else {"key": key, "operator": "Exists"}
     if effect:
         t["effect"] = effect
@@ -104,7 +107,8 @@ def parse_selinux(items: tuple[str, ...] | list[str]) -> dict[str, str]:
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or key not in ("user", "role", "type", "level") or not value or any(c.isspace() for c in value):
-            raise UsageError(f"--selinux {item!r}: expected user=, role=, type= or level= with a value, e.g. type=spc_t")
+            raise UsageError(f"--selinux {item!r}: expected user=, role=, type= or level= with a value, "
+                             "e.g. type=spc_t")
         out[key] = value
     return out
 
@@ -337,8 +341,10 @@ def chart_files() -> dict[str, str]:
     values = head + "# Each key is an option of `vgpu-patch daemonset`; the namespace is the release's (helm -n).\n"
     values += yaml.safe_dump(chart_values(), sort_keys=False, default_flow_style=False, width=120)
     chart = head + yaml.safe_dump({
-        "apiVersion": "v2", "name": APP, "description": "The vgpu-patch node agent: keeps a fixed libvgpu.so on GPU nodes",
+        "apiVersion": "v2", "name": APP,
+        "description": "The vgpu-patch node agent: keeps a fixed libvgpu.so on GPU nodes",
         "type": "application", "version": __version__, "appVersion": __version__,
         "kubeVersion": ">=1.25.0-0",
     }, sort_keys=False)
-    return {"Chart.yaml": chart, "values.yaml": values, "values.schema.json": json.dumps(values_schema(), indent=2) + "\n"}
+    schema = json.dumps(values_schema(), indent=2) + "\n"
+    return {"Chart.yaml": chart, "values.yaml": values, "values.schema.json": schema}

@@ -28,7 +28,8 @@ def test_once_installs_with_the_cli_protocol(image: Image, host: Host, vendor: P
     assert doc["ready"] and doc["state"] == "ok" and doc["deploys"] == 1
     assert sha(host.live) == image.sha256
     (line,) = host.history()
-    assert (line["action"], line["tool"], line["from_sha256"], line["to_sha256"]) == ("deploy", "agent", sha(vendor), image.sha256)
+    got = (line["action"], line["tool"], line["from_sha256"], line["to_sha256"])
+    assert got == ("deploy", "agent", sha(vendor), image.sha256)
     assert line["path"] == "/usr/local/vgpu/libvgpu.so"
     assert (host.state / "backups" / f"{sha(vendor)}.so").read_bytes() == vendor.read_bytes()
     assert json.loads(status_file.read_text())["live_sha256"] == image.sha256
@@ -54,7 +55,8 @@ def test_copy_back_is_reverted_at_once_with_inotify(running: Agent, image: Image
     took = wait_for(lambda: running.status.reapplies == 1 and sha(host.live) == image.sha256)
     assert took < 5.0  # far inside the 30 s interval: the event woke the agent
     last = host.history()[-1]
-    assert (last["action"], last["tool"], last["from_sha256"], last["to_sha256"]) == ("reapply", "agent", sha(vendor), image.sha256)
+    got = (last["action"], last["tool"], last["from_sha256"], last["to_sha256"])
+    assert got == ("reapply", "agent", sha(vendor), image.sha256)
     assert running.status.state == "ok" and running.status.ready
 
 
@@ -88,7 +90,7 @@ def test_sha_mismatch_is_refused(image: Image, host: Host, vendor: Path) -> None
     assert res.exit_code != 0 and isinstance(res.exception, IntegrityError)
     assert "nothing on the host was touched" in str(res.exception)
     (image.library.parent / "libvgpu.so.json").write_text(json.dumps({"sha256": "cd" * 32}))
-    with pytest.raises(IntegrityError, match="libvgpu.so.json expects"):
+    with pytest.raises(IntegrityError, match=r"libvgpu\.so\.json expects"):
         Agent(AgentConfig(library=image.library, host_root=host.root))
     (image.library.parent / "libvgpu.so.json").unlink()
     with pytest.raises(IntegrityError, match="no expected sha256"):
@@ -135,7 +137,8 @@ def test_the_real_command_serves_metrics_repairs_and_stops_on_sigterm(image: Ima
     proc = subprocess.Popen(
         [sys.executable, "-m", "vgpu_patch.cli", "agent", *args(image, host, "--interval", "30", "--metrics-port",
          str(port), "--metrics-addr", "127.0.0.1", "--status-file", str(tmp_path / "agent.json"), "--json")],
-        cwd=repo, env={**os.environ, "NODE_NAME": "gpu-node-7"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=repo, env={**os.environ, "NODE_NAME": "gpu-node-7"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         def metrics() -> str:

@@ -58,8 +58,9 @@ def test_default_manifest_is_valid_and_narrow() -> None:
 
 def test_options_reach_the_manifest() -> None:
     sha = "ab" * 32
-    doc = render("--image", "reg.example/agent:9", "--namespace", "gpu-ops", "--node-selector", "nvidia.com/gpu.present=true",
-                 "--node-selector", "gpu=on", "--host-dir", "/srv/vgpu/", "--sha256", sha.upper(), "--metrics-port", "0",
+    doc = render("--image", "reg.example/agent:9", "--namespace", "gpu-ops",
+                 "--node-selector", "nvidia.com/gpu.present=true", "--node-selector", "gpu=on",
+                 "--host-dir", "/srv/vgpu/", "--sha256", sha.upper(), "--metrics-port", "0",
                  "--max-unavailable", "25%", "--priority-class", "")
     validate(doc)
     pod = doc["spec"]["template"]["spec"]
@@ -77,7 +78,8 @@ def test_options_reach_the_manifest() -> None:
     assert doc["spec"]["updateStrategy"]["rollingUpdate"]["maxUnavailable"] == "25%"
 
 
-@pytest.mark.parametrize("argv", [["--node-selector", "gpu"], ["--node-selector", "bad key=1"], ["--namespace", "Bad_NS"],
+@pytest.mark.parametrize("argv", [["--node-selector", "gpu"], ["--node-selector", "bad key=1"],
+                                  ["--namespace", "Bad_NS"],
                                   ["--host-dir", "/usr"], ["--sha256", "xyz"], ["--max-unavailable", "many"],
                                   ["--namespace", "gpu-ops", "--priority-class", "system-node-critical"],
                                   ["--toleration", "a=b:Sometimes"], ["--selinux", "colour=red"],

@@ -37,7 +37,8 @@ def expected_sha256(library: Path, sha256: str | None, manifest: Path | None) ->
         doc = json.loads(path.read_text())
     except FileNotFoundError:
         raise IntegrityError(
-            f"{library}: no expected sha256 (no --sha256 and no manifest {path}); ship the build's manifest in the image"
+            f"{library}: no expected sha256 (no --sha256 and no manifest {path}); "
+            "ship the build's manifest in the image"
         ) from None
     except (OSError, ValueError) as e:
         raise IntegrityError(f"{path}: unreadable manifest ({e}); rebuild the image with the build's manifest") from e

@@ -30,9 +30,10 @@ def _labels(d: dict[str, object]) -> str:
 def render(s: AgentStatus, now: float | None = None) -> str:
     """The exposition text for one status snapshot."""
     rows = [
-        ("vgpu_patch_agent_ready", "gauge", "Whether the live library is the image's library and the agent is in state ok (1) or not (0)",
-         int(s.ready)),
-        ("vgpu_patch_agent_yielded", "gauge", "Whether the agent stopped enforcing after an operator's recorded change (1) or not (0)",
+        ("vgpu_patch_agent_ready", "gauge",
+         "Whether the live library is the image's library and the agent is in state ok (1) or not (0)", int(s.ready)),
+        ("vgpu_patch_agent_yielded", "gauge",
+         "Whether the agent stopped enforcing after an operator's recorded change (1) or not (0)",
          int(s.state == "yielded")),
         ("vgpu_patch_agent_error", "gauge", "Whether the last check failed (1) or not (0)", int(s.state == "error")),
         ("vgpu_patch_agent_checks_total", "counter", "Checks of the live library", s.checks),
@@ -48,7 +49,8 @@ def render(s: AgentStatus, now: float | None = None) -> str:
     ]
     if s.stale_scanned:
         rows.append(("vgpu_patch_agent_stale_processes", "gauge",
-                     "Processes still mapping an older copy of the library (restart their containers)", s.stale_processes))
+                     "Processes still mapping an older copy of the library (restart their containers)",
+                     s.stale_processes))
     out = []
     for name, kind, help_text, value in rows:
         out += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}", f"{name} {value}"]

@@ -1,6 +1,7 @@
 """The agent's state: one dataclass, written as a JSON status file (atomically) and read by metrics."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
@@ -67,7 +68,8 @@ class AgentStatus:
                     f"{(self.live_sha256 or '?')[:12]}; restart the agent to enforce again")
         if self.state == "starting":
             return "starting: no check finished yet"
-        return f"{self.live_path or 'the library'} has sha256 {(self.live_sha256 or 'none')[:12]}, want {self.want_sha256[:12]}"
+        live = (self.live_sha256 or "none")[:12]
+        return f"{self.live_path or 'the library'} has sha256 {live}, want {self.want_sha256[:12]}"
 
     def heartbeat_age(self, now: float | None = None) -> float:
         return max(0.0, (now if now is not None else time.time()) - self.heartbeat_unix) if self.heartbeat_unix else 0.0
@@ -90,10 +92,8 @@ def write_status(path: Path, status: AgentStatus) -> None:
         os.chmod(tmp, 0o644)
         os.replace(tmp, path)
     except BaseException:
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(tmp)
-        except OSError:
-            pass
         raise
 
 
@@ -103,10 +103,8 @@ def write_ready_marker(path: Path, ready: bool) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.touch()
     else:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             path.unlink()
-        except FileNotFoundError:
-            pass
 
 
 def read_status(path: Path) -> dict:

@@ -5,6 +5,7 @@ also re-checks every interval, so a missed event only delays a repair by one int
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import errno
@@ -28,7 +29,8 @@ IN_Q_OVERFLOW = 0x4000
 IN_IGNORED = 0x8000
 IN_ONLYDIR = 0x01000000
 # A plain in-place `cp` (HAMi's copy-back) ends with IN_CLOSE_WRITE; a rename-over gives IN_MOVED_TO.
-WATCH_MASK = IN_ATTRIB | IN_CLOSE_WRITE | IN_MOVED_FROM | IN_MOVED_TO | IN_CREATE | IN_DELETE | IN_DELETE_SELF | IN_MOVE_SELF | IN_ONLYDIR
+WATCH_MASK = (IN_ATTRIB | IN_CLOSE_WRITE | IN_MOVED_FROM | IN_MOVED_TO | IN_CREATE | IN_DELETE | IN_DELETE_SELF
+              | IN_MOVE_SELF | IN_ONLYDIR)
 _EVENT = struct.Struct("iIII")
 
 
@@ -126,18 +128,14 @@ class InotifyWatcher(PollWatcher):
                     hit = True
 
     def wake(self) -> None:
-        try:
+        with contextlib.suppress(OSError):
             os.write(self._wake_w, b"x")
-        except OSError:
-            pass
 
     def close(self) -> None:
         for fd in (getattr(self, "fd", -1), getattr(self, "_wake_r", -1), getattr(self, "_wake_w", -1)):
             if fd >= 0:
-                try:
+                with contextlib.suppress(OSError):
                     os.close(fd)
-                except OSError:
-                    pass
         self.fd = self._wake_r = self._wake_w = -1
 
 

@@ -36,14 +36,16 @@ Exit codes: 0 written; 2 usage error (bad label, name or path).
               help="Agent re-check interval in seconds.")
 @click.option("--metrics-port", type=click.IntRange(min=0, max=65535), default=9400, show_default=True,
               help="Prometheus metrics port; 0 turns metrics off.")
-@click.option("--max-unavailable", default="1", show_default=True, help="Rolling update: nodes updated at once (N or N%).")
+@click.option("--max-unavailable", default="1", show_default=True,
+              help="Rolling update: nodes updated at once (N or N%).")
 @click.option("--cpu-limit", default="200m", show_default=True, help="Container CPU limit.")
 @click.option("--memory-limit", default="128Mi", show_default=True, help="Container memory limit.")
 @click.option("--priority-class", default="auto", show_default=True,
               help="Pod priority class; auto = system-node-critical in kube-system (the only namespace that admits "
                    "system-* classes by default) and none elsewhere; empty for none.")
 @click.option("--toleration", "tolerations", multiple=True, metavar="KEY[=VALUE][:EFFECT]",
-              help="Tolerate this taint too (repeatable; '*' tolerates every taint); nvidia.com/gpu is always tolerated.")
+              help="Tolerate this taint too (repeatable; '*' tolerates every taint); nvidia.com/gpu is tolerated "
+                   "already.")
 @click.option("--image-pull-secret", "pull_secrets", multiple=True, metavar="NAME",
               help="imagePullSecrets entry for a private registry (repeatable).")
 @click.option("--selinux", "selinux", multiple=True, metavar="KEY=VALUE",

@@ -10,6 +10,7 @@ Every failure is an `ApiError` with a one-line message naming the request.
 """
 from __future__ import annotations
 
+import atexit
 import base64
 import json
 import os
@@ -92,7 +93,8 @@ class Client:
             doc = {"message": raw[:200].decode(errors="replace")}
         if status not in ok:
             msg = doc.get("message") if isinstance(doc, dict) else None
-            raise ApiError(f"{method} {path}: HTTP {status}: {msg or 'no message'}", status, doc if isinstance(doc, dict) else {})
+            raise ApiError(f"{method} {path}: HTTP {status}: {msg or 'no message'}", status,
+                           doc if isinstance(doc, dict) else {})
         return doc if isinstance(doc, dict) else {}
 
     # -- the few calls the tool makes ------------------------------------------------------------
@@ -144,10 +146,20 @@ def in_cluster() -> Client | None:
     return Client(f"https://{host}:{port}", token_file=token, ca_file=str(ca) if ca.exists() else None)
 
 
+def _remove(path: str) -> None:
+    if os.path.exists(path):
+        os.unlink(path)
+
+
 def _data_file(data: str, suffix: str) -> str:
+    """ssl wants files: write inline kubeconfig data to a 0600 temp file, removed when the process exits."""
     fd, path = tempfile.mkstemp(prefix="vgpu-patch-kube-", suffix=suffix)
+    atexit.register(_remove, path)
     with os.fdopen(fd, "wb") as f:
-        f.write(base64.b64decode(data))
+        try:
+            f.write(base64.b64decode(data, validate=True))
+        except ValueError as e:
+            raise UsageError(f"kubeconfig: invalid base64 in a *-data field ({e})") from e
     return path
 
 
@@ -164,8 +176,10 @@ def from_kubeconfig(path: Path | str | None = None, context: str | None = None) 
             continue
         except (OSError, yaml.YAMLError) as e:
             raise UsageError(f"{f}: unreadable kubeconfig ({e})") from e
-        for key in ("clusters", "users", "contexts"):
-            cfg.setdefault(key, []).extend(doc.get(key) or [])
+        if not isinstance(doc, dict):
+            raise UsageError(f"{f}: not a kubeconfig (expected a mapping at the top)")
+        for section in ("clusters", "users", "contexts"):
+            cfg.setdefault(section, []).extend(doc.get(section) or [])
         cfg.setdefault("current-context", doc.get("current-context"))
     if not cfg:
         raise UsageError(f"no kubeconfig found ({', '.join(map(str, files))}); give --kubeconfig or --api-server")
@@ -180,12 +194,14 @@ def from_kubeconfig(path: Path | str | None = None, context: str | None = None) 
     ctx = pick("contexts", name)
     cluster, user = pick("clusters", ctx.get("cluster")), pick("users", ctx.get("user"))
     if "exec" in user or "auth-provider" in user:
-        raise UsageError(f"kubeconfig user {ctx.get('user')!r} authenticates through a plugin, which this tool does not run; "
+        raise UsageError(f"kubeconfig user {ctx.get('user')!r} authenticates through a plugin, which this tool "
+                         "does not run; "
                          "start `kubectl proxy` and pass --api-server http://127.0.0.1:8001")
-    ca = cluster.get("certificate-authority")
+    ca: str | None = cluster.get("certificate-authority")
     if cluster.get("certificate-authority-data"):
         ca = _data_file(cluster["certificate-authority-data"], ".crt")
-    cert, key = user.get("client-certificate"), user.get("client-key")
+    cert: str | None = user.get("client-certificate")
+    key: str | None = user.get("client-key")
     if user.get("client-certificate-data"):
         cert = _data_file(user["client-certificate-data"], ".crt")
     if user.get("client-key-data"):

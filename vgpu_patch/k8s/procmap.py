@@ -71,7 +71,8 @@ def parse_maps_line(line: str) -> tuple[int, str, bool] | None:
         return None
 
 
-def scan(proc: Path | str, lib_dirs: Iterable[str], live_inode: int | None, *, skip_pid: int | None = None) -> list[StaleProcess]:
+def scan(proc: Path | str, lib_dirs: Iterable[str], live_inode: int | None, *,
+         skip_pid: int | None = None) -> list[StaleProcess]:
     """Every process under `proc` mapping a library copy other than the live inode, with its pod when in one.
 
     `lib_dirs` are the library directory as processes see it: the host path, and the path under the agent's

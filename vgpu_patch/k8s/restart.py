@@ -62,8 +62,9 @@ def _node_report(node: dict) -> tuple[dict, list[PlanEntry]]:
     info.update(reported_at=doc.get("time"), host_pids=list(doc.get("host_pids") or []))
     if doc.get("truncated"):
         info["problem"] = f"{doc['truncated']} more pods not listed (annotation size cap)"
-    entries = [PlanEntry(name, p.get("namespace"), p.get("name"), str(p.get("pod_uid")), list(p.get("containers") or []),
-                         list(p.get("pids") or []), info["live_sha256"], info["reported_at"]) for p in pods]
+    entries = [PlanEntry(name, p.get("namespace"), p.get("name"), str(p.get("pod_uid")),
+                         list(p.get("containers") or []), list(p.get("pids") or []), info["live_sha256"],
+                         info["reported_at"]) for p in pods]
     return info, entries
 
 
@@ -78,7 +79,8 @@ def build_plan(client: Client, *, nodes: list[str] | None = None, label_selector
         plan.nodes.append(info)
         for e in entries:
             if not (e.namespace and e.name):
-                e.state, e.detail = "unnamed", "the agent could not resolve this pod UID (no API access when it scanned?)"
+                e.state = "unnamed"
+                e.detail = "the agent could not resolve this pod UID (no API access when it scanned?)"
             else:
                 pod = client.get_pod(e.namespace, e.name)
                 uid = ((pod or {}).get("metadata") or {}).get("uid")
@@ -99,7 +101,8 @@ def evict(client: Client, plan: Plan, *, dry_run: bool = False) -> None:
         except ApiError as err:
             if err.status == 429:
                 e.state = "blocked"
-                e.detail = f"a PodDisruptionBudget forbids it now ({err.body.get('message') or 'HTTP 429'}); retry later"
+                why = err.body.get("message") or "HTTP 429"
+                e.detail = f"a PodDisruptionBudget forbids it now ({why}); retry later"
             elif err.status == 404:
                 e.state, e.detail = "gone", "deleted meanwhile"
             else:
