@@ -12,6 +12,7 @@ from fake_kube import FakeKube
 
 from vgpu_patch.agent import Agent, AgentConfig
 from vgpu_patch.agent.metrics import render as render_metrics
+from vgpu_patch.commands.agent import cli as agent_cli
 from vgpu_patch.commands.restart_plan import cli as restart_plan
 from vgpu_patch.k8s import api
 from vgpu_patch.k8s.cgroup import parse_cgroup, pod_of
@@ -235,3 +236,35 @@ def test_kubeconfig_token_and_plugin_refusal(tmp_path: Path) -> None:
             api.from_kubeconfig(cfg, "e")
         with pytest.raises(api.UsageError, match="no context 'nope'"):
             api.from_kubeconfig(cfg, "nope")
+
+
+def test_the_command_reports_with_a_token(image: Image, host: Host, tmp_path: Path) -> None:
+    tok = tmp_path / "token"
+    tok.write_text("agent-token")
+    with FakeKube(token="agent-token") as kube:
+        kube.add_node("gpu-node-3")
+        kube.add_pod("ml", "trainer-0", UID_A, "gpu-node-3")
+        res = CliRunner().invoke(agent_cli, [
+            "--library", str(image.library), "--host-root", str(host.root), "--once", "--json",
+            "--status-file", str(tmp_path / "s.json"), "--proc-root", str(_stale_proc(tmp_path)),
+            "--report", "on", "--api-server", kube.url, "--token-file", str(tok), "--node-name", "gpu-node-3"])
+        assert res.exit_code == 0, res.output
+        assert json.loads(res.stdout)["api"] == "ok"
+        doc = json.loads(kube.nodes["gpu-node-3"]["metadata"]["annotations"][ANN_STALE])
+        assert doc["pods"][0]["name"] == "trainer-0"
+    res = CliRunner().invoke(agent_cli, ["--library", str(image.library), "--host-root", str(host.root), "--once",
+                                         "--report", "on"])
+    assert res.exit_code == 2 and "no service-account token" in res.output
+
+
+def test_unknown_pod_uids_are_not_relisted_every_check() -> None:
+    with FakeKube() as kube:
+        kube.add_node("n1")
+        rep = NodeReporter(api.Client(kube.url), "n1")
+        from vgpu_patch.k8s.procmap import StalePod
+
+        rep.resolve([StalePod("deleted-uid")], now=1000.0)
+        rep.resolve([StalePod("deleted-uid")], now=1010.0)
+        assert len([r for r in kube.requests if r.path == "/api/v1/pods"]) == 1
+        rep.resolve([StalePod("deleted-uid")], now=1061.0)
+        assert len([r for r in kube.requests if r.path == "/api/v1/pods"]) == 2

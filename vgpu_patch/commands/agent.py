@@ -4,11 +4,15 @@ from __future__ import annotations
 import signal
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from ..cli_options import emit_json, json_option
 from ..errors import EXIT_FAILED
+
+if TYPE_CHECKING:
+    from ..k8s.report import NodeReporter
 
 EPILOG = """\b
 Examples:
@@ -133,7 +137,7 @@ def cli(library: Path, sha256: str | None, manifest: Path | None, host_root: Pat
 
 
 
-def _reporter(mode: str, node: str | None, server: str | None, token_file: Path | None):  # type: ignore[no-untyped-def]
+def _reporter(mode: str, node: str | None, server: str | None, token_file: Path | None) -> NodeReporter | None:
     """The node reporter for --report, None when off (auto: only with a mounted service-account token)."""
     from ..k8s import api
 
@@ -145,7 +149,12 @@ def _reporter(mode: str, node: str | None, server: str | None, token_file: Path 
             raise click.UsageError("--report on: no service-account token is mounted and no --api-server was given")
         return None
     if not node:
-        raise click.UsageError("reporting to the API needs this node's name: set NODE_NAME or --node-name")
+        if mode == "on":
+            raise click.UsageError("--report on needs this node's name: set NODE_NAME or --node-name")
+        from ..agent.loop import log
+
+        log("not reporting to the Kubernetes API: NODE_NAME is not set (the DaemonSet sets it)")
+        return None
     from ..k8s.report import NodeReporter
 
     return NodeReporter(client, node)

@@ -20,6 +20,7 @@ from .cgroup import PodRef, parse_cgroup
 
 CONTAINER_LIB = "/usr/local/vgpu/libvgpu.so"  # where HAMi mounts the chosen file in every container
 LIB = "libvgpu.so"
+_NEEDLE = LIB.encode()
 
 
 @dataclass
@@ -91,10 +92,14 @@ def scan(proc: Path | str, lib_dirs: Iterable[str], live_inode: int | None, *,
         if pid == own:
             continue
         try:
-            with open(os.path.join(e.path, "maps"), errors="replace") as f:
-                hits = [m for line in f if (m := parse_maps_line(line)) and _lib_match(m[1], dirs)]
+            with open(os.path.join(e.path, "maps"), "rb") as f:
+                data = f.read()
         except OSError:  # exited, or not readable (no CAP_SYS_PTRACE for another user's process)
             continue
+        if _NEEDLE not in data:  # nearly every process: one C-level search, no line parsing
+            continue
+        lines = [ln for ln in data.decode(errors="replace").splitlines() if LIB in ln]
+        hits = [m for line in lines if (m := parse_maps_line(line)) and _lib_match(m[1], dirs)]
         stale = [m for m in hits if m[2] or m[0] != live_inode]
         if not stale:
             continue

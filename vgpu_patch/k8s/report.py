@@ -20,6 +20,7 @@ ANN_SHA = "vgpu-patch/live-sha256"
 ANN_STALE = "vgpu-patch/stale"
 MAX_PODS = 200  # an annotation set must stay under 256 KiB
 REFRESH = 600.0  # re-patch an unchanged report this often, so its time shows the agent is alive
+RELIST = 60.0  # list the node's pods again for a UID still unknown at most this often (a deleted pod never shows)
 
 
 def utc(t: float) -> str:
@@ -33,10 +34,13 @@ class NodeReporter:
     _names: dict[str, tuple[str, str]] = field(default_factory=dict)  # pod uid -> (namespace, name)
     _last: str | None = None
     _last_time: float = 0.0
+    _listed: float = -RELIST
 
-    def resolve(self, pods: list[StalePod]) -> None:
+    def resolve(self, pods: list[StalePod], now: float | None = None) -> None:
         """Fill in namespace/name from the API (one list of this node's pods when an unknown uid shows up)."""
-        if any(p.pod_uid not in self._names for p in pods):
+        now = time.monotonic() if now is None else now
+        if any(p.pod_uid not in self._names for p in pods) and now - self._listed >= RELIST:
+            self._listed = now
             for item in self.client.pods_on_node(self.node):
                 meta = item.get("metadata") or {}
                 if meta.get("uid"):
