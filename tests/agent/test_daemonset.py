@@ -116,6 +116,7 @@ def test_dockerfile_matches_the_agent() -> None:
     code = (
         "import sys; before = set(sys.modules)\n"
         "import vgpu_patch.cli, vgpu_patch.commands.agent, vgpu_patch.agent.loop, vgpu_patch.agent.metrics\n"
+        "import vgpu_patch.k8s.api, vgpu_patch.k8s.procmap, vgpu_patch.k8s.report, vgpu_patch.elf.facts\n"
         "import vgpu_patch.deploy.candidate as c; import elftools.elf.elffile\n"
         "new = {m.split('.')[0] for m in set(sys.modules) - before} - set(sys.stdlib_module_names)\n"
         "print(sorted(new))"
