@@ -328,7 +328,8 @@ def values_schema() -> dict[str, Any]:
             schema = {"type": [_SCHEMA_TYPES[base], "null"] if "None" in t else _SCHEMA_TYPES[base]}
         props[VALUE_NAMES[f.name]] = schema
     props["interval"] = {"type": "number", "minimum": 0.5}
-    props["metricsPort"] = {"type": ["integer", "null"], "minimum": 1, "maximum": 65535}
+    props["metricsPort"] = {"type": ["integer", "null"], "minimum": 1, "maximum": 65535}  # null: no port, exec probes
+    props["global"] = {"type": "object"}  # helm passes `global` to a chart used as a dependency
     return {"$schema": "http://json-schema.org/draft-07/schema#", "type": "object", "additionalProperties": False,
             "properties": props}
 

@@ -56,7 +56,7 @@ def running(image: Image, host: Host, tmp_path: Path, request: pytest.FixtureReq
                               status_file=tmp_path / "run" / "agent.json", settle=0.05))
     thread = threading.Thread(target=agent.run, daemon=True)
     thread.start()
-    wait_for(lambda: agent.status.ready or agent.status.state == "error")
+    wait_for(lambda: agent.snapshot().ready or agent.snapshot().state == "error")  # published: status file too
     try:
         yield agent
     finally:

@@ -53,7 +53,7 @@ def test_copy_back_is_reverted_at_once_with_inotify(running: Agent, image: Image
     assert sha(host.live) == image.sha256
     hami_copy_back(vendor, host.live)
     took = wait_for(lambda: running.status.reapplies == 1 and sha(host.live) == image.sha256)
-    assert took < 5.0  # far inside the 30 s interval: the event woke the agent
+    assert took < 15.0  # inside the 30 s interval: the event woke the agent (slack for a loaded machine)
     last = host.history()[-1]
     got = (last["action"], last["tool"], last["from_sha256"], last["to_sha256"])
     assert got == ("reapply", "agent", sha(vendor), image.sha256)
@@ -109,7 +109,7 @@ def test_non_elf_content_is_refused(image: Image, host: Host, vendor: Path) -> N
 def test_status_file_and_metrics(running: Agent, image: Image, host: Host, tmp_path: Path) -> None:
     from vgpu_patch.agent.metrics import serve
 
-    server = serve(lambda: running.status, 0, "127.0.0.1")
+    server = serve(running.snapshot, 0, "127.0.0.1")
     try:
         port = server.server_address[1]
         body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
