@@ -90,17 +90,17 @@ def test_a_wedged_loop_fails_liveness_but_not_before(image: Image, host: Host, t
     thread = threading.Thread(target=agent.run, daemon=True)
     try:
         thread.start()
-        assert rep.entered.wait(10)
-        wait_for(lambda: get(f"http://127.0.0.1:{port}/livez")[0] == 503, 10)
+        assert rep.entered.wait(30)
+        wait_for(lambda: get(f"http://127.0.0.1:{port}/livez")[0] == 503)
         code, body = get(f"http://127.0.0.1:{port}/livez")
         assert code == 503 and body.startswith("stuck:")
         rep.release.set()
         rep.report = lambda *a, **k: False  # type: ignore[method-assign]
-        wait_for(lambda: get(f"http://127.0.0.1:{port}/livez") == (200, "alive\n"), 10)
+        wait_for(lambda: get(f"http://127.0.0.1:{port}/livez") == (200, "alive\n"))
     finally:
         rep.release.set()
         agent.stop()
-        thread.join(10)
+        thread.join(30)
         server.shutdown()
 
 
@@ -237,7 +237,7 @@ def test_copy_back_keeps_views_consistent(image: Image, host: Host, vendor: Path
         stop.set()
         poller.join(5)
         agent.stop()
-        thread.join(10)
+        thread.join(30)
         server.shutdown()
     assert seen
     for code, body in seen:
