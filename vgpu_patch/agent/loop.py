@@ -217,11 +217,12 @@ class Agent:
             rep.report(s.live_sha256, s.live_path, pods, s.stale_host_pids)
             s.stale_pods = [p.to_dict() for p in pods]  # now with namespace/name
             s.api, s.api_error = "ok", None
-        except VgpuPatchError as e:
+        except Exception as e:  # reporting is optional: no failure of it may stop the agent
+            msg = str(e) if isinstance(e, VgpuPatchError) else f"{type(e).__name__}: {e}"
             s.api_errors += 1
-            if str(e) != s.api_error:
-                log(f"cannot report to the Kubernetes API: {e}")
-            s.api, s.api_error = "error", str(e)
+            if msg != s.api_error:
+                log(f"cannot report to the Kubernetes API: {msg}")
+            s.api, s.api_error = "error", msg
 
     def publish(self) -> None:
         """One consistent snapshot for /healthz, /metrics, the status file and the ready marker."""

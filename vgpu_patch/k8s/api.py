@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import atexit
 import base64
+import http.client
 import json
 import os
 import ssl
@@ -84,7 +85,7 @@ class Client:
                 status = resp.status
         except urllib.error.HTTPError as e:
             raw, status = e.read(), e.code
-        except (urllib.error.URLError, OSError, ssl.SSLError) as e:
+        except (urllib.error.URLError, OSError, ssl.SSLError, http.client.HTTPException) as e:
             reason = getattr(e, "reason", e)
             raise ApiError(f"{method} {path}: cannot reach the API server {self.server}: {reason}") from e
         try:
