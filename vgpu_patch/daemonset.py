@@ -73,6 +73,29 @@ VALUE_NAMES = {
     "host_pid": "hostPID", "rbac": "rbac",
 }  # namespace: the release's namespace (helm install -n)
 
+# one line per value in the generated values.yaml: the option it mirrors and what it does
+VALUE_HELP = {
+    "image": "--image: the agent image (one tag for amd64 and arm64: deploy/build-multiarch.sh)",
+    "fullnameOverride": "--name: name of the DaemonSet, ServiceAccount and ClusterRole",
+    "nodeSelector": "--node-selector KEY=VALUE: run only on these nodes (HAMi labels GPU nodes gpu=on)",
+    "hostDir": "--host-dir: the host's library directory",
+    "sha256": "--sha256: pin the library's sha256 (null: the image's build manifest)",
+    "interval": "--interval: seconds between re-checks (inotify wakes the agent sooner)",
+    "metricsPort": "--metrics-port: /metrics, /readyz, /livez; null: no port, exec probes on files",
+    "maxUnavailable": "--max-unavailable: rolling update, nodes at once (N or N%)",
+    "cpuRequest": "container CPU request",
+    "memoryRequest": "container memory request",
+    "cpuLimit": "--cpu-limit: container CPU limit",
+    "memoryLimit": "--memory-limit: container memory limit",
+    "priorityClassName": "--priority-class: auto = system-node-critical in kube-system only; null or '' = none",
+    "tolerateGpuTaint": "tolerate the nvidia.com/gpu NoSchedule taint",
+    "tolerations": "--toleration: more tolerations (Kubernetes toleration objects)",
+    "imagePullSecrets": "--image-pull-secret: names of Secrets for a private registry",
+    "seLinuxOptions": "--selinux: container seLinuxOptions (user, role, type, level), e.g. {type: spc_t}",
+    "hostPID": "--host-pid: see the host's processes (with SYS_PTRACE) to name pods still on an old library",
+    "rbac": "--rbac: ServiceAccount + ClusterRole so the agent annotates its node (vgpu-patch restart-plan)",
+}
+
 
 def parse_node_selector(items: tuple[str, ...] | list[str]) -> dict[str, str]:
     """`k=v` strings (label key and value syntax checked) -> dict."""
@@ -340,7 +363,9 @@ def chart_files() -> dict[str, str]:
 
     head = "# Generated from vgpu_patch/daemonset.py (DaemonSetOptions) by `vgpu-patch daemonset --write-chart`.\n"
     values = head + "# Each key is an option of `vgpu-patch daemonset`; the namespace is the release's (helm -n).\n"
-    values += yaml.safe_dump(chart_values(), sort_keys=False, default_flow_style=False, width=120)
+    for key, value in chart_values().items():
+        values += f"\n# {VALUE_HELP[key]}\n"
+        values += yaml.safe_dump({key: value}, sort_keys=False, default_flow_style=False, width=120)
     chart = head + yaml.safe_dump({
         "apiVersion": "v2", "name": APP,
         "description": "The vgpu-patch node agent: keeps a fixed libvgpu.so on GPU nodes",
