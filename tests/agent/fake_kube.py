@@ -35,9 +35,12 @@ class FakeKube:
     def add_node(self, name: str, annotations: dict[str, str] | None = None) -> None:
         self.nodes[name] = {"metadata": {"name": name, "annotations": dict(annotations or {})}}
 
-    def add_pod(self, namespace: str, name: str, uid: str, node: str) -> None:
-        self.pods[(namespace, name)] = {"metadata": {"namespace": namespace, "name": name, "uid": uid},
-                                        "spec": {"nodeName": node}}
+    def add_pod(self, namespace: str, name: str, uid: str, node: str, owner: str | None = "ReplicaSet",
+                annotations: dict[str, str] | None = None) -> None:
+        meta: dict[str, Any] = {"namespace": namespace, "name": name, "uid": uid, "annotations": annotations or {}}
+        if owner:
+            meta["ownerReferences"] = [{"kind": owner, "name": f"{name}-owner", "controller": True, "uid": "o-1"}]
+        self.pods[(namespace, name)] = {"metadata": meta, "spec": {"nodeName": node}}
 
     def calls(self, method: str | None = None) -> list[Request]:
         return [r for r in self.requests if method is None or r.method == method]

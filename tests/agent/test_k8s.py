@@ -168,6 +168,28 @@ def _annotated(kube: FakeKube) -> None:
     kube.add_pod("web", "guarded", UID_B, "gpu-node-1")
 
 
+def test_static_and_unmanaged_pods_are_not_evicted_by_default() -> None:
+    with FakeKube() as kube:
+        kube.add_node("gpu-node-1", {ANN_STALE: json.dumps({"pods": [
+            {"namespace": "kube-system", "name": "etcd-gpu-node-1", "pod_uid": "u1", "pids": [1]},
+            {"namespace": "ml", "name": "bare", "pod_uid": "u2", "pids": [2]},
+            {"namespace": "ml", "name": "ds-pod", "pod_uid": "u3", "pids": [3]}]})})
+        kube.add_pod("kube-system", "etcd-gpu-node-1", "u1", "gpu-node-1", owner="Node",
+                     annotations={"kubernetes.io/config.mirror": "abc"})
+        kube.add_pod("ml", "bare", "u2", "gpu-node-1", owner=None)
+        kube.add_pod("ml", "ds-pod", "u3", "gpu-node-1", owner="DaemonSet")
+        res = CliRunner().invoke(restart_plan, ["--api-server", kube.url, "--evict", "--yes", "--json"])
+        assert res.exit_code == 0, res.output
+        pods = {p["name"]: p for p in json.loads(res.stdout)["pods"]}
+        assert pods["etcd-gpu-node-1"]["state"] == "static" and pods["bare"]["state"] == "unmanaged"
+        assert pods["ds-pod"]["state"] == "evicted" and pods["ds-pod"]["owner"] == "DaemonSet"
+        assert [r.path for r in kube.calls("POST")] == ["/api/v1/namespaces/ml/pods/ds-pod/eviction"]
+        res = CliRunner().invoke(restart_plan, ["--api-server", kube.url, "--evict", "--yes", "--include-unmanaged",
+                                                "--json"])
+        assert {p["name"]: p["state"] for p in json.loads(res.stdout)["pods"]}["bare"] == "evicted"
+        assert ("kube-system", "etcd-gpu-node-1") in kube.pods  # a static pod is never evicted
+
+
 def test_restart_plan_lists_only_pods_still_on_the_old_library() -> None:
     with FakeKube() as kube:
         _annotated(kube)

@@ -28,6 +28,8 @@ failure, or every eviction refused; 2 usage error; 3 some evictions blocked by a
 @click.option("--evict", "do_evict", is_flag=True, help="Evict the listed pods through the Eviction API (PDBs apply).")
 @click.option("--dry-run", is_flag=True, help="With --evict: the API checks each eviction but nothing is evicted.")
 @click.option("--yes", is_flag=True, help="With --evict: do not ask for confirmation.")
+@click.option("--include-unmanaged", is_flag=True,
+              help="With --evict: also evict pods no controller recreates (that deletes them, like drain --force).")
 @click.option("--kubeconfig", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="kubeconfig file [default: $KUBECONFIG, ~/.kube/config; in a pod: its service account].")
 @click.option("--context", default=None, help="kubeconfig context [default: the current one].")
@@ -37,7 +39,8 @@ failure, or every eviction refused; 2 usage error; 3 some evictions blocked by a
               help="Bearer token file for --api-server.")
 @click.option("--insecure", is_flag=True, help="Do not verify the API server's TLS certificate (--api-server only).")
 @json_option
-def cli(nodes: tuple[str, ...], selector: str | None, do_evict: bool, dry_run: bool, yes: bool, kubeconfig: Path | None,
+def cli(nodes: tuple[str, ...], selector: str | None, do_evict: bool, dry_run: bool, yes: bool,
+        include_unmanaged: bool, kubeconfig: Path | None,
         context: str | None, api_server: str | None, token_file: Path | None, insecure: bool, as_json: bool) -> None:
     """List the pods whose containers still map an old copy of the library (they keep it until they restart),
     as the node agents reported them in their Node annotations (the DaemonSet needs --rbac), checked against
@@ -47,16 +50,16 @@ def cli(nodes: tuple[str, ...], selector: str | None, do_evict: bool, dry_run: b
     from ..k8s import api
     from ..k8s.restart import build_plan, evict
 
-    if dry_run and not do_evict:
-        raise click.UsageError("--dry-run goes with --evict")
+    if (dry_run or include_unmanaged) and not do_evict:
+        raise click.UsageError("--dry-run and --include-unmanaged go with --evict")
     client = api.connect(api_server, token_file=token_file, kubeconfig=kubeconfig, context=context, insecure=insecure)
     plan = build_plan(client, nodes=list(nodes) or None, label_selector=selector)
-    todo = [e for e in plan.entries if e.state == "restart"]
+    todo = [e for e in plan.entries if e.state == "restart" or (include_unmanaged and e.state == "unmanaged")]
     if do_evict and todo and not (yes or dry_run or as_json):
         click.confirm(f"evict {len(todo)} pod(s): {', '.join(f'{e.namespace}/{e.name}' for e in todo)}?", abort=True,
                       err=True)
     if do_evict:
-        evict(client, plan, dry_run=dry_run)
+        evict(client, plan, dry_run=dry_run, include_unmanaged=include_unmanaged)
     if as_json:
         emit_json(plan.to_dict())
     else:

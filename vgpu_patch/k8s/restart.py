@@ -24,8 +24,9 @@ class PlanEntry:
     pids: list[int]
     live_sha256: str | None
     reported_at: str | None
-    state: str = "restart"  # restart | gone | unnamed | evicted | would-evict | blocked | failed
+    state: str = "restart"  # restart | gone | unnamed | static | unmanaged | evicted | would-evict | blocked | failed
     detail: str = ""
+    owner: str | None = None  # the controlling owner's kind (ReplicaSet, StatefulSet, DaemonSet, Job, ...)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -83,17 +84,29 @@ def build_plan(client: Client, *, nodes: list[str] | None = None, label_selector
                 e.detail = "the agent could not resolve this pod UID (no API access when it scanned?)"
             else:
                 pod = client.get_pod(e.namespace, e.name)
-                uid = ((pod or {}).get("metadata") or {}).get("uid")
-                if pod is None or uid != e.pod_uid:
+                meta = (pod or {}).get("metadata") or {}
+                owners = [o for o in meta.get("ownerReferences") or [] if o.get("controller")]
+                e.owner = str(owners[0].get("kind")) if owners else None
+                if pod is None or meta.get("uid") != e.pod_uid:
                     e.state, e.detail = "gone", "restarted or deleted since the report"
+                elif "kubernetes.io/config.mirror" in (meta.get("annotations") or {}):
+                    e.state = "static"
+                    e.detail = "a static pod: evicting its mirror does not restart it; restart it on the node"
+                elif e.owner is None:
+                    e.state = "unmanaged"
+                    e.detail = "no controller recreates it: an eviction deletes it for good (--include-unmanaged)"
             plan.entries.append(e)
     return plan
 
 
-def evict(client: Client, plan: Plan, *, dry_run: bool = False) -> None:
-    """Evict every pod still to restart; a PodDisruptionBudget refusal (HTTP 429) is `blocked`, not forced."""
+def evict(client: Client, plan: Plan, *, dry_run: bool = False, include_unmanaged: bool = False) -> None:
+    """Evict every pod still to restart; a PodDisruptionBudget refusal (HTTP 429) is `blocked`, not forced.
+
+    Like `kubectl drain`, a pod no controller would recreate is left alone unless `include_unmanaged`.
+    """
+    wanted = ("restart", "unmanaged") if include_unmanaged else ("restart",)
     for e in plan.entries:
-        if e.state != "restart" or not (e.namespace and e.name):
+        if e.state not in wanted or not (e.namespace and e.name):
             continue
         try:
             client.evict(e.namespace, e.name, e.pod_uid, dry_run=dry_run)
