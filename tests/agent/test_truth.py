@@ -242,3 +242,46 @@ def test_copy_back_keeps_views_consistent(image: Image, host: Host, vendor: Path
     assert seen
     for code, body in seen:
         assert (code, body) == (200, "ready\n") or (code == 503 and body.startswith("not ready: "))
+
+
+def test_copy_back_flood_longer_than_the_settle_wait(image: Image, host: Host, vendor: Path, tmp_path: Path) -> None:
+    """An in-place cp repeated for longer than the settle loop: no backup or from_sha256 is ever a partial file."""
+    from vgpu_patch.elf.facts import open_checked
+
+    agent = Agent(AgentConfig(library=image.library, host_root=host.root, watch="inotify", interval=30, settle=0.01,
+                              status_file=tmp_path / "run" / "agent.json", proc=None))
+    thread = threading.Thread(target=agent.run, daemon=True)
+    data = vendor.read_bytes()
+    stop = threading.Event()
+
+    def flood() -> None:
+        while not stop.is_set():
+            with open(host.live, "r+b") as out:  # what cp does to an existing file: truncate, then write
+                out.truncate(0)
+                for i in range(0, len(data), 4096):
+                    out.write(data[i : i + 4096])
+                    out.flush()
+                    time.sleep(0.002)
+
+    writer = threading.Thread(target=flood, daemon=True)
+    try:
+        thread.start()
+        wait_for(lambda: agent.snapshot().ready)
+        writer.start()
+        time.sleep(2.0)  # 200 settle periods: far longer than the settle loop's 20
+        stop.set()
+        writer.join(10)
+        hami_copy_back(vendor, host.live)  # the last, whole copy
+        wait_for(lambda: agent.snapshot().ready and sha(host.live) == image.sha256)
+    finally:
+        stop.set()
+        agent.stop()
+        thread.join(30)
+    whole = {sha(vendor), image.sha256}
+    for rec in host.history():
+        assert rec["from_sha256"] in whole | {None}, rec
+    for so in (host.state / "backups").glob("*.so"):
+        f, _ = open_checked(so, "backup")  # a whole ELF, or this raises
+        f.close()
+        assert sha(so) in whole
+    assert agent.snapshot().reapplies >= 1
