@@ -5,7 +5,8 @@ Layouts handled (cgroup v1 and v2 alike; v1 has one line per hierarchy, v2 the s
 - systemd driver: `.../kubepods-burstable.slice/kubepods-burstable-pod<uid with _>.slice/cri-containerd-<id>.scope`
   (CRI-O: `crio-<id>.scope`, its monitor `crio-conmon-<id>.scope`; cri-dockerd: `docker-<id>.scope`);
   Guaranteed pods sit directly under `kubepods.slice/kubepods-pod<uid>.slice`; kind nests it under `kubelet.slice`.
-- cgroupfs driver: `/kubepods/burstable/pod<uid>/<id>` (Guaranteed: `/kubepods/pod<uid>/<id>`).
+- cgroupfs driver: `/kubepods/burstable/pod<uid>/<id>` (Guaranteed: `/kubepods/pod<uid>/<id>`; CRI-O names the
+  container `crio-<id>`); nested runtimes (kind, a node in a container) put more components in front.
 - Read from inside another cgroup namespace (an agent pod with a private cgroupns), paths are relative to the
   reader's root and start with `/..` components; only the components matter here.
 Static (mirror) pods carry a 32-hex config hash as their UID; it is reported as it is.
@@ -20,7 +21,8 @@ _UUID = r"[0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{1
 # a pod component: systemd `kubepods[-qos]-pod<uid>.slice` (also `kubelet-kubepods-...`), cgroupfs `pod<uid>`
 _POD = re.compile(rf"^(?:[a-z-]*kubepods(?:-(?P<sqos>burstable|besteffort))?-)?pod(?P<uid>{_UUID})(?:\.slice)?$")
 _CTR_SCOPE = re.compile(r"^(?P<prefix>cri-containerd|crio-conmon|crio|docker|cri-o)-(?P<id>[0-9a-f]{64})\.scope$")
-_CTR_PLAIN = re.compile(r"^(?P<prefix>)(?P<id>[0-9a-f]{64})$")  # cgroupfs driver: the bare id
+# cgroupfs driver: the bare id (containerd, cri-dockerd) or `crio-<id>` / `crio-conmon-<id>` (CRI-O)
+_CTR_PLAIN = re.compile(r"^(?:(?P<prefix>crio-conmon|crio)-)?(?P<id>[0-9a-f]{64})$")
 _RUNTIME = {"cri-containerd": "containerd", "crio": "cri-o", "cri-o": "cri-o", "crio-conmon": "cri-o",
             "docker": "docker"}
 
