@@ -353,6 +353,10 @@ def values_schema() -> dict[str, Any]:
     props["interval"] = {"type": "number", "minimum": 0.5}
     props["metricsPort"] = {"type": ["integer", "null"], "minimum": 1, "maximum": 65535}  # null: no port, exec probes
     props["global"] = {"type": "object"}  # helm passes `global` to a chart used as a dependency
+    # `helm --set maxUnavailable=2` or `--set cpuLimit=1` gives numbers: both spellings are fine there
+    props["maxUnavailable"] = {"type": ["string", "integer"], "pattern": r"^\d+%?$"}
+    for key in ("cpuRequest", "memoryRequest", "cpuLimit", "memoryLimit"):
+        props[key] = {"type": ["string", "number"]}
     return {"$schema": "http://json-schema.org/draft-07/schema#", "type": "object", "additionalProperties": False,
             "properties": props}
 

@@ -76,6 +76,7 @@ def test_generated_chart_files_are_current() -> None:
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_chart_renders_what_the_cli_renders(case: str, tmp_path: Path) -> None:
+    """values = chart_values(options): the chart's objects equal `vgpu-patch daemonset`'s, and are valid."""
     opts = CASES[case]
     got = chart_render(chart_values(opts), opts.namespace, tmp_path)
     want = render_all(opts)
@@ -111,6 +112,14 @@ def test_values_schema_accepts_the_defaults_and_refuses_bad_types() -> None:
     jsonschema.validate(chart_values(), schema)
     for case in CASES.values():
         jsonschema.validate(chart_values(case), schema)
-    for bad in ({"metricsPort": "9400"}, {"hostPID": "yes"}, {"tolerations": "all"}, {"nodeSelektor": {}}):
+    jsonschema.validate({**chart_values(), "maxUnavailable": 2, "cpuLimit": 1}, schema)  # as `helm --set` types them
+    for bad in ({"metricsPort": "9400"}, {"hostPID": "yes"}, {"tolerations": "all"}, {"nodeSelektor": {}},
+                {"maxUnavailable": "many"}):
         with pytest.raises(jsonschema.ValidationError):
             jsonschema.validate({**chart_values(), **bad}, schema)
+
+
+def test_set_style_numbers_render_like_the_cli(tmp_path: Path) -> None:
+    """`helm --set maxUnavailable=2 --set interval=30` types them as numbers; the objects are the same."""
+    got = chart_render({"maxUnavailable": 2, "interval": 30}, "kube-system", tmp_path)[-1]
+    assert got == render_all(DaemonSetOptions(max_unavailable="2", interval=30.0))[-1]
