@@ -52,7 +52,8 @@ Exit codes: 0 ok (probe: ready); 1 failed, refused image content, or probe: not 
 @click.option("--status-file", type=click.Path(dir_okay=False, path_type=Path),
               default=Path("/run/vgpu-patch/agent.json"), show_default=True, help="JSON status, rewritten each check.")
 @click.option("--metrics-port", type=click.IntRange(min=0, max=65535), default=None,
-              help="Serve Prometheus metrics on this port (/metrics); off by default.")
+              help="Serve /metrics (Prometheus), /readyz and /healthz (200 only while ready) and /livez (the "
+                   "watch loop's heartbeat) on this port; off by default.")
 @click.option("--metrics-addr", default="0.0.0.0", show_default=True, help="Address for --metrics-port.")
 @click.option("--operator", default="", help="Recorded in history.jsonl [default: agent@$NODE_NAME].")
 @click.option("--proc-root", type=click.Path(file_okay=False, path_type=Path), default=Path("/proc"), show_default=True,
