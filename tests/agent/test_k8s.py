@@ -290,3 +290,17 @@ def test_unknown_pod_uids_are_not_relisted_every_check() -> None:
         assert len([r for r in kube.requests if r.path == "/api/v1/pods"]) == 1
         rep.resolve([StalePod("deleted-uid")], now=1061.0)
         assert len([r for r in kube.requests if r.path == "/api/v1/pods"]) == 2
+
+
+def test_scan_scope_tells_host_from_a_pod_namespace(tmp_path: Path) -> None:
+    from vgpu_patch.k8s.procmap import INIT_PID_NS, scope
+
+    assert scope(tmp_path) == "unknown"
+    (tmp_path / "1" / "ns").mkdir(parents=True)
+    (tmp_path / "1" / "ns" / "pid").symlink_to(INIT_PID_NS)
+    assert scope(tmp_path) == "host"
+    (tmp_path / "1" / "ns" / "pid").unlink()
+    (tmp_path / "1" / "ns" / "pid").symlink_to("pid:[4026532999]")
+    assert scope(tmp_path) == "pid-namespace"
+    real = os.readlink("/proc/self/ns/pid")
+    assert scope("/proc") == ("host" if real == INIT_PID_NS else "pid-namespace")

@@ -190,9 +190,14 @@ class Agent:
         """Processes still mapping an older copy of the library, grouped by pod (needs the host's /proc)."""
         if self.cfg.proc is None:
             return
-        from ..k8s.procmap import by_pod, scan
+        from ..k8s.procmap import by_pod, scan, scope
 
         s = self.status
+        if not s.stale_scope:
+            s.stale_scope = scope(self.cfg.proc)
+            if s.stale_scope == "pid-namespace":
+                log(f"{self.cfg.proc} shows only this pod's PID namespace (no hostPID): processes of other pods "
+                    "still on an old library are not seen; run with hostPID or --no-stale-scan")
         live_ino = None
         if s.live_path:
             try:

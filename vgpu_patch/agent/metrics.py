@@ -71,6 +71,7 @@ def render(s: AgentStatus, now: float | None = None) -> str:
         "want_sha256": s.want_sha256,
         "live_sha256": s.live_sha256 or "",
         "api": s.api,
+        "stale_scope": s.stale_scope,
     }
     out += ["# HELP vgpu_patch_agent_info The agent's configuration and state", "# TYPE vgpu_patch_agent_info gauge",
             f"vgpu_patch_agent_info{{{_labels(dict(info))}}} 1"]

@@ -43,6 +43,7 @@ class AgentStatus:
     heartbeat_unix: float = 0.0  # the watch loop's last turn: liveness judges its age
     # processes still mapping an older copy of the library (hostPID or the host's /proc needed)
     stale_scanned: bool = False
+    stale_scope: str = ""  # host | pid-namespace (no hostPID: other pods are invisible) | unknown
     stale_pods: list[dict] = field(default_factory=list)
     stale_host_pids: list[int] = field(default_factory=list)
     stale_processes: int = 0

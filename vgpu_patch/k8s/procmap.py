@@ -112,6 +112,22 @@ def scan(proc: Path | str, lib_dirs: Iterable[str], live_inode: int | None, *,
     return sorted(out, key=lambda s: s.pid)
 
 
+INIT_PID_NS = "pid:[4026531836]"  # the kernel's initial PID namespace (PROC_PID_INIT_INO)
+
+
+def scope(proc: Path | str) -> str:
+    """Which processes `proc` shows: `host` (the initial PID namespace: hostPID or the host's /proc),
+    `pid-namespace` (only this pod's), or `unknown` (not a procfs we can tell, e.g. a test's fake /proc)."""
+    try:
+        ns = os.readlink(os.path.join(proc, "1", "ns", "pid"))
+    except OSError:
+        try:
+            ns = os.readlink(os.path.join(proc, "self", "ns", "pid"))
+        except OSError:
+            return "unknown"
+    return "host" if ns == INIT_PID_NS else "pid-namespace"
+
+
 def by_pod(procs: Iterable[StaleProcess]) -> tuple[list[StalePod], list[int]]:
     """Group by pod: the pods (sorted by uid) and the pids that belong to no pod (host processes)."""
     pods: dict[str, StalePod] = {}
