@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from agent_helpers import Host, Image
 from click.testing import CliRunner
 
 from vgpu_patch.agent.image import default_manifest
@@ -177,3 +178,23 @@ def test_no_host_pid_means_no_ptrace_and_no_scan() -> None:
     (c,) = pod["containers"]
     assert pod["hostPID"] is False and c["securityContext"]["capabilities"]["add"] == ["CHOWN"]
     assert "--no-stale-scan" in c["args"]
+
+
+@pytest.mark.parametrize("argv", [[], ["--no-host-pid", "--metrics-port", "0"]])
+def test_the_rendered_args_run_the_agent(argv: list[str], image: Image, host: Host, tmp_path: Path) -> None:
+    """The container's args, with the image's and host's paths swapped for the test's, make a working agent."""
+    from vgpu_patch.commands.agent import cli as agent_cli
+    from vgpu_patch.daemonset import READY_FILE, STATUS_FILE
+
+    (c,) = render(*argv)["spec"]["template"]["spec"]["containers"]
+    status = tmp_path / "run" / "agent.json"
+    swap = {f"{IMAGE_LIB_DIR}/libvgpu.so": str(image.library), HOST_ROOT: str(host.root), STATUS_FILE: str(status)}
+    args = [swap.get(a, a) for a in c["args"]]
+    if "--metrics-port" in args:  # --once serves nothing; keep the flag's value valid
+        args[args.index("--metrics-port") + 1] = "0"
+    res = CliRunner().invoke(agent_cli, [*args, "--once", "--json"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    assert doc["ready"] and doc["api"] == "off" and doc["stale_scanned"] == ("--no-host-pid" not in argv)
+    assert Path(READY_FILE) == Path(STATUS_FILE).with_name("ready")  # the exec probe's file is the agent's marker
+    assert status.with_name("ready").exists()
