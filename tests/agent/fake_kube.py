@@ -30,6 +30,7 @@ class FakeKube:
     pdb_blocked: set[tuple[str, str]] = field(default_factory=set)
     token: str | None = None  # when set, requests must carry it
     requests: list[Request] = field(default_factory=list)
+    events: list[dict] = field(default_factory=list)
     url: str = ""
 
     def add_node(self, name: str, annotations: dict[str, str] | None = None) -> None:
@@ -65,6 +66,9 @@ class FakeKube:
                     else:
                         ann[k] = v
             return 200, node
+        if len(rest) == 3 and rest[0] == "namespaces" and rest[2] == "events" and method == "POST":
+            self.events.append(body)
+            return 201, body
         if rest == ["pods"] and method == "GET":
             sel = query.get("fieldSelector", "")
             node = sel.split("=", 1)[1] if sel.startswith("spec.nodeName=") else None

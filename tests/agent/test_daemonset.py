@@ -152,7 +152,8 @@ def test_tolerations_pull_secrets_selinux_and_rbac() -> None:
     sa, role, binding, ds = docs
     assert sa["metadata"]["namespace"] == "gpu-ops" and "namespace" not in role["metadata"]
     assert role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]},
-                             {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}]
+                             {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
+                             {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}]
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "vgpu-patch-agent", "namespace": "gpu-ops"}]
     pod = ds["spec"]["template"]["spec"]
     assert pod["serviceAccountName"] == "vgpu-patch-agent" and pod["automountServiceAccountToken"] is True

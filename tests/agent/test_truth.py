@@ -285,3 +285,25 @@ def test_copy_back_flood_longer_than_the_settle_wait(image: Image, host: Host, v
         f.close()
         assert sha(so) in whole
     assert agent.snapshot().reapplies >= 1
+
+
+def test_a_refusal_is_an_event_on_the_node(image: Image, host: Host, vendor: Path, tmp_path: Path) -> None:
+    from fake_kube import FakeKube
+
+    from vgpu_patch.k8s import api
+    from vgpu_patch.k8s.report import NodeReporter
+
+    shutil.copy(vendor, host.libdir / "libvgpu.so.v2.6.0")
+    shutil.copy(vendor, host.libdir / "libvgpu.so.v2.7.0")
+    with FakeKube() as kube:
+        kube.add_node("gpu-node-1")
+        agent = Agent(AgentConfig(library=image.library, host_root=host.root, proc=None,
+                                  status_file=tmp_path / "s.json",
+                                  reporter=NodeReporter(api.Client(kube.url), "gpu-node-1")))
+        agent.step(startup=True)
+        agent.step()  # the same refusal again: one event, not one per check
+        (ev,) = kube.events
+        assert ev["type"] == "Warning" and ev["reason"] == "VgpuPatchRefused"
+        assert ev["involvedObject"] == {"apiVersion": "v1", "kind": "Node", "name": "gpu-node-1"}
+        assert "several versioned libraries" in ev["message"] and ev["message"].endswith("(not ready)")
+        assert not agent.snapshot().ready

@@ -166,6 +166,7 @@ class Agent:
 
     def step(self, *, startup: bool = False, raise_errors: bool = False) -> str:
         """ensure() with errors recorded in the status instead of ending the agent; then publish one snapshot."""
+        before = (self.status.state, self.status.last_error)
         try:
             did = self.ensure(startup=startup)
             self.status.last_error = None
@@ -183,8 +184,21 @@ class Agent:
             raise
         self.scan_stale()
         self.report()
+        self.announce(before)
         self.publish()
         return did
+
+    def announce(self, before: tuple[str, str | None]) -> None:
+        """An Event on the Node when the agent starts refusing (error) or yields: loud where operators look."""
+        s, rep = self.status, self.cfg.reporter
+        if rep is None or (s.state, s.last_error) == before or s.state not in ("error", "yielded"):
+            return
+        reason = "VgpuPatchRefused" if s.state == "error" else "VgpuPatchYielded"
+        try:
+            rep.event("Warning" if s.state == "error" else "Normal", reason, f"{s.reason} (not ready)")
+        except Exception as e:  # optional, like the annotations
+            s.api_errors += 1
+            s.api, s.api_error = "error", str(e) if isinstance(e, VgpuPatchError) else f"{type(e).__name__}: {e}"
 
     def scan_stale(self) -> None:
         """Processes still mapping an older copy of the library, grouped by pod (needs the host's /proc)."""

@@ -17,6 +17,7 @@ import json
 import os
 import ssl
 import tempfile
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -110,6 +111,17 @@ class Client:
         """Merge-patch the node's annotations (a None value removes one)."""
         return self.request("PATCH", f"/api/v1/nodes/{_q(name)}", {"metadata": {"annotations": annotations}},
                             content_type="application/merge-patch+json")
+
+    def node_event(self, node: str, event_type: str, reason: str, message: str) -> dict:
+        """A core/v1 Event about the Node (namespace default, where node events live): `kubectl describe node`."""
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        body = {"apiVersion": "v1", "kind": "Event",
+                "metadata": {"generateName": "vgpu-patch-agent.", "namespace": "default"},
+                "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": node},
+                "type": event_type, "reason": reason, "message": message[:1024],
+                "source": {"component": "vgpu-patch-agent", "host": node},
+                "firstTimestamp": now, "lastTimestamp": now, "count": 1}
+        return self.request("POST", "/api/v1/namespaces/default/events", body)
 
     def pods_on_node(self, node: str) -> list[dict]:
         q = {"fieldSelector": f"spec.nodeName={node}"}

@@ -4,8 +4,9 @@ Annotations on the agent's Node (merge-patched, so other annotations are untouch
 - `vgpu-patch/live-sha256`: the sha256 of the live library file;
 - `vgpu-patch/stale`: JSON `{"time", "live_sha256", "live_path", "pods": [{"namespace", "name", "pod_uid",
   "containers", "pids"}], "host_pids": [...], "truncated": N}`; `vgpu-patch restart-plan` reads it.
-The service account needs `get, patch` on nodes and `list` on pods (the chart's and `vgpu-patch daemonset
---rbac`'s ClusterRole grant exactly that).
+Events on the Node (namespace default) say when the agent refuses (state error) or yields to an operator.
+The service account needs `get, patch` on nodes, `list` on pods and `create` on events (the chart's and
+`vgpu-patch daemonset --rbac`'s ClusterRole grant exactly that).
 """
 from __future__ import annotations
 
@@ -65,6 +66,10 @@ class NodeReporter:
         self.client.annotate_node(self.node, {ANN_SHA: live_sha256 or "", ANN_STALE: json.dumps(doc, sort_keys=True)})
         self._last, self._last_time = key, now
         return True
+
+    def event(self, event_type: str, reason: str, message: str) -> None:
+        """A Warning/Normal Event on the Node, for a refusal or a yield an operator should see."""
+        self.client.node_event(self.node, event_type, reason, message)
 
 
 __all__ = ["ANN_SHA", "ANN_STALE", "ApiError", "NodeReporter"]
