@@ -213,7 +213,7 @@ def choose_live(facts: NodeFacts, node: str) -> LibFile | None:
     """The file HAMi really uses, None when the directory holds none; DeployError when that is ambiguous."""
     where = f"{node}:{facts.target_dir}"
     versioned = [f for f in facts.files if f.name.startswith(LIB + ".")]
-    if len(versioned) > 1:  # an upgraded plugin dropped its new file beside the old: follow ld.so.preload if it names one
+    if len(versioned) > 1:  # an upgraded plugin's new file beside the old: follow ld.so.preload if it names one
         named = {w.rsplit("/", 1)[-1] for line in facts.preload or [] if not line.strip().startswith("#")
                  for w in line.replace(":", " ").split()}
         versioned = [f for f in versioned if f.name in named] or versioned
