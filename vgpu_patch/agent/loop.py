@@ -247,9 +247,9 @@ class Agent:
         """One consistent snapshot for /healthz, /metrics, the status file and the ready marker."""
         self.status.heartbeat_unix = time.time()
         snap = copy.deepcopy(self.status)
+        self.write_status(snap)  # files first: whoever sees the new snapshot in memory finds them written
         with self._lock:
             self._published = snap
-        self.write_status(snap)
 
     def snapshot(self) -> AgentStatus:
         with self._lock:
