@@ -15,7 +15,7 @@ from . import __version__
 from .cli_options import emit_json, error_document, json_emitted
 from .errors import EXIT_FAILED, VgpuPatchError
 
-COMMANDS = ["build", "check", "deploy", "status", "rollback", "region", "agent", "daemonset", "demo"]
+COMMANDS = ["build", "check", "deploy", "status", "rollback", "region", "agent", "daemonset", "restart-plan", "demo"]
 
 EPILOG = """\b
 Exit codes: 0 ok; 1 failed (or --dry-run with changes pending); 2 usage error;
@@ -32,7 +32,7 @@ class LazyGroup(click.Group):
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
         if name not in COMMANDS:
             return None
-        module = importlib.import_module(f"vgpu_patch.commands.{name}")
+        module = importlib.import_module(f"vgpu_patch.commands.{name.replace('-', '_')}")
         return module.cli
 
 

@@ -1,17 +1,22 @@
-"""Render the node agent's DaemonSet manifest (`vgpu-patch daemonset`); deploy/daemonset.yaml is its output.
+"""Render the node agent's manifests (`vgpu-patch daemonset`); deploy/daemonset.yaml is its default output.
 
-The pod sees only the library directory of the host (hostPath, mounted under --host-root), runs as
-root without privilege and with one capability (CHOWN, so a swap keeps the live file's owner: without
-it the agent still works but the new file is owned by root), and has a read-only root filesystem;
-the swap's upload area (/host/tmp) and the status file live on emptyDirs.
+The Helm chart in charts/vgpu-patch-agent/ reads the same option set: its values.yaml and
+values.schema.json are generated from `DaemonSetOptions` (`chart_values()`, `values_schema()`), and a test
+renders the chart with each value set and compares it with `render_all()` of the matching options.
+
+The pod sees the host's library directory (hostPath, mounted under --host-root) and, with hostPID, the
+host's processes (to name the pods still mapping an old library; CAP_SYS_PTRACE lets it read the maps of
+processes of other users). It runs as root without privilege, capabilities dropped but CHOWN (so a swap
+keeps the live file's owner), with a read-only root filesystem; the swap's upload area (/host/tmp) and the
+status file live on emptyDirs. Probes never start a Python interpreter: httpGet on the agent's port, or
+without a port `test -e` of the ready marker and a shell check of the status file's age.
 """
 from __future__ import annotations
 
+import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
-
-import yaml
 
 from . import __version__
 from .errors import UsageError
@@ -19,17 +24,25 @@ from .errors import UsageError
 IMAGE_LIB_DIR = "/opt/vgpu-patch"
 HOST_ROOT = "/host"
 STATUS_DIR = "/run/vgpu-patch"
+STATUS_FILE = f"{STATUS_DIR}/agent.json"
+READY_FILE = f"{STATUS_DIR}/ready"
 APP = "vgpu-patch-agent"
-_LABEL_KEY = re.compile(r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"  # DNS prefix/
+SYSTEM_NAMESPACE = "kube-system"  # the only namespace admitting system-* priority classes by default
+_LABEL_KEY = re.compile(r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
                         r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
 _LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
 
 
 @dataclass
 class DaemonSetOptions:
+    """Every knob of the manifests; the chart's values carry the same names (camelCase there, see VALUE_NAMES)."""
+
     image: str = f"vgpu-patch-agent:{__version__}"
-    namespace: str = "kube-system"
+    namespace: str = SYSTEM_NAMESPACE
     name: str = APP
     node_selector: dict[str, str] = field(default_factory=lambda: {"gpu": "on"})
     host_dir: str = "/usr/local/vgpu"
@@ -41,8 +54,47 @@ class DaemonSetOptions:
     memory_request: str = "32Mi"
     cpu_limit: str = "200m"
     memory_limit: str = "128Mi"
-    priority_class: str | None = "system-node-critical"
+    priority_class: str | None = "auto"  # auto: system-node-critical in kube-system, none elsewhere
     tolerate_gpu_taint: bool = True
+    tolerations: list[dict[str, str]] = field(default_factory=list)
+    image_pull_secrets: list[str] = field(default_factory=list)
+    selinux: dict[str, str] = field(default_factory=dict)  # seLinuxOptions: user, role, type, level
+    host_pid: bool = True  # see the host's processes: which pods still map an old library
+    rbac: bool = False  # ServiceAccount + ClusterRole: annotate the node, name the stale pods
+
+
+# option name -> chart value name (values.yaml); one table, used by the generator and the chart test
+VALUE_NAMES = {
+    "image": "image", "name": "fullnameOverride", "node_selector": "nodeSelector", "host_dir": "hostDir",
+    "sha256": "sha256", "interval": "interval", "metrics_port": "metricsPort", "max_unavailable": "maxUnavailable",
+    "cpu_request": "cpuRequest", "memory_request": "memoryRequest", "cpu_limit": "cpuLimit",
+    "memory_limit": "memoryLimit", "priority_class": "priorityClassName", "tolerate_gpu_taint": "tolerateGpuTaint",
+    "tolerations": "tolerations", "image_pull_secrets": "imagePullSecrets", "selinux": "seLinuxOptions",
+    "host_pid": "hostPID", "rbac": "rbac",
+}  # namespace: the release's namespace (helm install -n)
+
+# one line per value in the generated values.yaml: the option it mirrors and what it does
+VALUE_HELP = {
+    "image": "--image: the agent image (one tag for amd64 and arm64: deploy/build-multiarch.sh)",
+    "fullnameOverride": "--name: name of the DaemonSet, ServiceAccount and ClusterRole",
+    "nodeSelector": "--node-selector KEY=VALUE: run only on these nodes (HAMi labels GPU nodes gpu=on)",
+    "hostDir": "--host-dir: the host's library directory",
+    "sha256": "--sha256: pin the library's sha256 (null: the image's build manifest)",
+    "interval": "--interval: seconds between re-checks (inotify wakes the agent sooner)",
+    "metricsPort": "--metrics-port: /metrics, /readyz, /livez; null: no port, exec probes on files",
+    "maxUnavailable": "--max-unavailable: rolling update, nodes at once (N or N%)",
+    "cpuRequest": "container CPU request",
+    "memoryRequest": "container memory request",
+    "cpuLimit": "--cpu-limit: container CPU limit",
+    "memoryLimit": "--memory-limit: container memory limit",
+    "priorityClassName": "--priority-class: auto = system-node-critical in kube-system only; null or '' = none",
+    "tolerateGpuTaint": "tolerate the nvidia.com/gpu NoSchedule taint",
+    "tolerations": "--toleration: more tolerations (Kubernetes toleration objects)",
+    "imagePullSecrets": "--image-pull-secret: names of Secrets for a private registry",
+    "seLinuxOptions": "--selinux: container seLinuxOptions (user, role, type, level), e.g. {type: spc_t}",
+    "hostPID": "--host-pid: see the host's processes (with SYS_PTRACE) to name pods still on an old library",
+    "rbac": "--rbac: ServiceAccount + ClusterRole so the agent annotates its node (vgpu-patch restart-plan)",
+}
 
 
 def parse_node_selector(items: tuple[str, ...] | list[str]) -> dict[str, str]:
@@ -57,6 +109,39 @@ def parse_node_selector(items: tuple[str, ...] | list[str]) -> dict[str, str]:
     return out
 
 
+def parse_toleration(spec: str) -> dict[str, str]:
+    """`KEY[=VALUE][:EFFECT]`, or `*` (tolerate every taint) -> a toleration."""
+    if spec == "*":
+        return {"operator": "Exists"}
+    body, _, effect = spec.partition(":")
+    key, eq, value = body.partition("=")
+    if not _LABEL_KEY.match(key) or (eq and not _LABEL_VALUE.match(value)) or (effect and effect not in _EFFECTS):
+        raise UsageError(f"--toleration {spec!r}: expected KEY[=VALUE][:EFFECT] "
+                         f"(effect one of {', '.join(_EFFECTS)}) or '*'")
+    t = {"key": key, "operator": "Equal", "value": value} if eq else {"key": key, "operator": "Exists"}
+    if effect:
+        t["effect"] = effect
+    return t
+
+
+def parse_selinux(items: tuple[str, ...] | list[str]) -> dict[str, str]:
+    """`type=spc_t`, `level=s0:c123,c456`, `user=...`, `role=...` -> seLinuxOptions."""
+    out: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or key not in ("user", "role", "type", "level") or not value or any(c.isspace() for c in value):
+            raise UsageError(f"--selinux {item!r}: expected user=, role=, type= or level= with a value, "
+                             "e.g. type=spc_t")
+        out[key] = value
+    return out
+
+
+def priority_class(opts: DaemonSetOptions) -> str | None:
+    if opts.priority_class == "auto":
+        return "system-node-critical" if opts.namespace == SYSTEM_NAMESPACE else None
+    return opts.priority_class or None
+
+
 def _check(opts: DaemonSetOptions) -> None:
     for what, value in (("--namespace", opts.namespace), ("--name", opts.name)):
         if not _DNS_LABEL.match(value):
@@ -65,6 +150,15 @@ def _check(opts: DaemonSetOptions) -> None:
         raise UsageError(f"--host-dir {opts.host_dir!r}: give the library directory itself, e.g. /usr/local/vgpu")
     if not re.match(r"^\d+%?$", opts.max_unavailable):
         raise UsageError(f"--max-unavailable {opts.max_unavailable!r}: a count (1) or a percentage (10%)")
+    pc = priority_class(opts)
+    if pc and pc.startswith("system-") and opts.namespace != SYSTEM_NAMESPACE:
+        raise UsageError(f"--priority-class {pc}: Kubernetes admits system-* priority classes only in kube-system by "
+                         f"default; use --priority-class auto, '' or your own class for namespace {opts.namespace}")
+    if pc and not _DNS_SUBDOMAIN.match(pc):
+        raise UsageError(f"--priority-class {pc!r}: not a valid PriorityClass name")
+    for s in opts.image_pull_secrets:
+        if not _DNS_SUBDOMAIN.match(s):
+            raise UsageError(f"--image-pull-secret {s!r}: not a valid Secret name")
 
 
 def agent_args(opts: DaemonSetOptions, *, probe: bool = False) -> list[str]:
@@ -74,18 +168,59 @@ def agent_args(opts: DaemonSetOptions, *, probe: bool = False) -> list[str]:
         args += ["--sha256", opts.sha256]
     if probe:
         return ["vgpu-patch", "agent", "--probe", *args]
-    args += ["--interval", f"{opts.interval:g}", "--status-file", f"{STATUS_DIR}/agent.json"]
+    args += ["--interval", f"{opts.interval:g}", "--status-file", STATUS_FILE]
     if opts.metrics_port is not None:
         args += ["--metrics-port", str(opts.metrics_port)]
+    if not opts.host_pid:
+        args += ["--no-stale-scan"]
+    args += ["--report", "on" if opts.rbac else "off"]
     return args
+
+
+def stuck_after(opts: DaemonSetOptions) -> int:
+    """Seconds without a loop turn before liveness fails; the agent computes the same default."""
+    return int(max(120.0, 3 * opts.interval + 60.0))
+
+
+def _probes(opts: DaemonSetOptions) -> dict[str, Any]:
+    if opts.metrics_port is not None:
+        return {
+            "readinessProbe": {"httpGet": {"path": "/readyz", "port": "metrics"}, "initialDelaySeconds": 2,
+                               "periodSeconds": 10, "timeoutSeconds": 2, "failureThreshold": 3},
+            "livenessProbe": {"httpGet": {"path": "/livez", "port": "metrics"}, "initialDelaySeconds": 10,
+                              "periodSeconds": 30, "timeoutSeconds": 5, "failureThreshold": 3},
+        }
+    age = f'test $(( $(date +%s) - $(stat -c %Y {STATUS_FILE}) )) -lt {stuck_after(opts)}'
+    return {
+        "readinessProbe": {"exec": {"command": ["test", "-e", READY_FILE]}, "initialDelaySeconds": 2,
+                           "periodSeconds": 10, "timeoutSeconds": 2, "failureThreshold": 3},
+        "livenessProbe": {"exec": {"command": ["sh", "-c", age]}, "initialDelaySeconds": 30, "periodSeconds": 30,
+                          "timeoutSeconds": 5, "failureThreshold": 3},
+    }
+
+
+def labels() -> dict[str, str]:
+    return {"app.kubernetes.io/name": APP, "app.kubernetes.io/part-of": "vgpu-patch"}
 
 
 def render(opts: DaemonSetOptions) -> dict[str, Any]:
     """The DaemonSet as a dict (apps/v1)."""
     _check(opts)
     host_dir = opts.host_dir.rstrip("/")
-    labels = {"app.kubernetes.io/name": APP, "app.kubernetes.io/part-of": "vgpu-patch"}
-    pod_labels = {**labels, "app.kubernetes.io/version": __version__}
+    pod_labels = {**labels(), "app.kubernetes.io/version": __version__}
+    caps = ["CHOWN", "SYS_PTRACE"] if opts.host_pid else ["CHOWN"]
+    security: dict[str, Any] = {
+        "runAsUser": 0,
+        "runAsGroup": 0,
+        "runAsNonRoot": False,
+        "privileged": False,
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"], "add": caps},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    if opts.selinux:
+        security["seLinuxOptions"] = dict(opts.selinux)
     container: dict[str, Any] = {
         "name": "agent",
         "image": opts.image,
@@ -93,27 +228,12 @@ def render(opts: DaemonSetOptions) -> dict[str, Any]:
         "command": ["vgpu-patch", "agent"],
         "args": agent_args(opts),
         "env": [{"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}],
-        "readinessProbe": {
-            "exec": {"command": agent_args(opts, probe=True)},
-            "initialDelaySeconds": 2,
-            "periodSeconds": 10,
-            "timeoutSeconds": 5,
-            "failureThreshold": 3,
-        },
+        **_probes(opts),
         "resources": {
             "requests": {"cpu": opts.cpu_request, "memory": opts.memory_request},
             "limits": {"cpu": opts.cpu_limit, "memory": opts.memory_limit},
         },
-        "securityContext": {
-            "runAsUser": 0,
-            "runAsGroup": 0,
-            "runAsNonRoot": False,
-            "privileged": False,
-            "allowPrivilegeEscalation": False,
-            "readOnlyRootFilesystem": True,
-            "capabilities": {"drop": ["ALL"], "add": ["CHOWN"]},
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
+        "securityContext": security,
         "volumeMounts": [
             {"name": "host-lib", "mountPath": f"{HOST_ROOT}{host_dir}"},
             {"name": "upload", "mountPath": f"{HOST_ROOT}/tmp"},
@@ -123,17 +243,12 @@ def render(opts: DaemonSetOptions) -> dict[str, Any]:
     annotations: dict[str, str] = {}
     if opts.metrics_port is not None:
         container["ports"] = [{"name": "metrics", "containerPort": opts.metrics_port, "protocol": "TCP"}]
-        container["livenessProbe"] = {
-            "httpGet": {"path": "/metrics", "port": "metrics"},
-            "initialDelaySeconds": 10,
-            "periodSeconds": 30,
-            "timeoutSeconds": 5,
-        }
         annotations = {"prometheus.io/scrape": "true", "prometheus.io/port": str(opts.metrics_port),
                        "prometheus.io/path": "/metrics"}
     pod_spec: dict[str, Any] = {
         "nodeSelector": dict(opts.node_selector),
-        "automountServiceAccountToken": False,
+        "hostPID": opts.host_pid,
+        "automountServiceAccountToken": opts.rbac,
         "enableServiceLinks": False,
         "terminationGracePeriodSeconds": 15,
         "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
@@ -144,10 +259,16 @@ def render(opts: DaemonSetOptions) -> dict[str, Any]:
             {"name": "status", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}},
         ],
     }
-    if opts.priority_class:
-        pod_spec["priorityClassName"] = opts.priority_class
-    if opts.tolerate_gpu_taint:
-        pod_spec["tolerations"] = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    if opts.rbac:
+        pod_spec["serviceAccountName"] = opts.name
+    if opts.image_pull_secrets:
+        pod_spec["imagePullSecrets"] = [{"name": s} for s in opts.image_pull_secrets]
+    pc = priority_class(opts)
+    if pc:
+        pod_spec["priorityClassName"] = pc
+    tolerations = ([dict(GPU_TOLERATION)] if opts.tolerate_gpu_taint else []) + [dict(t) for t in opts.tolerations]
+    if tolerations:
+        pod_spec["tolerations"] = tolerations
     template_meta: dict[str, Any] = {"labels": pod_labels}
     if annotations:
         template_meta["annotations"] = annotations
@@ -155,14 +276,37 @@ def render(opts: DaemonSetOptions) -> dict[str, Any]:
     return {
         "apiVersion": "apps/v1",
         "kind": "DaemonSet",
-        "metadata": {"name": opts.name, "namespace": opts.namespace, "labels": labels},
+        "metadata": {"name": opts.name, "namespace": opts.namespace, "labels": labels()},
         "spec": {
-            "selector": {"matchLabels": dict(labels)},  # a copy: no YAML anchors in the output
+            "selector": {"matchLabels": labels()},
             "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": max_unavailable}},
             "minReadySeconds": 10,
             "template": {"metadata": template_meta, "spec": pod_spec},
         },
     }
+
+
+def render_rbac(opts: DaemonSetOptions) -> list[dict[str, Any]]:
+    """ServiceAccount, ClusterRole (nodes get/patch, pods list, events create) and its binding; empty without --rbac."""
+    if not opts.rbac:
+        return []
+    meta = {"name": opts.name, "labels": labels()}
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {**meta, "namespace": opts.namespace}},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": dict(meta),
+         "rules": [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]},
+                   {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
+                   {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}]},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": dict(meta),
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": opts.name},
+         "subjects": [{"kind": "ServiceAccount", "name": opts.name, "namespace": opts.namespace}]},
+    ]
+
+
+def render_all(opts: DaemonSetOptions) -> list[dict[str, Any]]:
+    """Every document, in apply order: RBAC first (when asked for), then the DaemonSet."""
+    ds = render(opts)
+    return [*render_rbac(opts), ds]
 
 
 HEADER = """\
@@ -173,7 +317,65 @@ HEADER = """\
 
 
 def render_yaml(opts: DaemonSetOptions) -> str:
-    doc = render(opts)
-    return HEADER.format(host_dir=opts.host_dir.rstrip("/"), version=__version__) + yaml.safe_dump(
-        doc, sort_keys=False, default_flow_style=False, width=120
-    )
+    import yaml
+
+    docs = render_all(opts)
+    body = "---\n".join(yaml.safe_dump(d, sort_keys=False, default_flow_style=False, width=120) for d in docs)
+    return HEADER.format(host_dir=opts.host_dir.rstrip("/"), version=__version__) + body
+
+
+# -- the chart's values, generated from the same options -------------------------------------------------
+def chart_values(opts: DaemonSetOptions | None = None) -> dict[str, Any]:
+    """values.yaml of charts/vgpu-patch-agent: the options under their chart names."""
+    d = asdict(opts or DaemonSetOptions())
+    return {VALUE_NAMES[k]: d[k] for k in VALUE_NAMES}
+
+
+_SCHEMA_TYPES = {"str": "string", "float": "number", "int": "integer", "bool": "boolean"}
+
+
+def values_schema() -> dict[str, Any]:
+    """values.schema.json: helm refuses values of the wrong type before rendering anything."""
+    props: dict[str, Any] = {}
+    for f in fields(DaemonSetOptions):
+        if f.name not in VALUE_NAMES:
+            continue
+        t = str(f.type)
+        if t.startswith("dict"):
+            schema: dict[str, Any] = {"type": "object", "additionalProperties": {"type": "string"}}
+        elif t.startswith("list[dict"):
+            schema = {"type": "array", "items": {"type": "object"}}
+        elif t.startswith("list"):
+            schema = {"type": "array", "items": {"type": "string"}}
+        else:
+            base = t.split("|")[0].strip()
+            schema = {"type": [_SCHEMA_TYPES[base], "null"] if "None" in t else _SCHEMA_TYPES[base]}
+        props[VALUE_NAMES[f.name]] = schema
+    props["interval"] = {"type": "number", "minimum": 0.5}
+    props["metricsPort"] = {"type": ["integer", "null"], "minimum": 1, "maximum": 65535}  # null: no port, exec probes
+    props["global"] = {"type": "object"}  # helm passes `global` to a chart used as a dependency
+    # `helm --set maxUnavailable=2` or `--set cpuLimit=1` gives numbers: both spellings are fine there
+    props["maxUnavailable"] = {"type": ["string", "integer"], "pattern": r"^\d+%?$"}
+    for key in ("cpuRequest", "memoryRequest", "cpuLimit", "memoryLimit"):
+        props[key] = {"type": ["string", "number"]}
+    return {"$schema": "http://json-schema.org/draft-07/schema#", "type": "object", "additionalProperties": False,
+            "properties": props}
+
+
+def chart_files() -> dict[str, str]:
+    """The generated files of the chart (relative path -> text); the templates themselves are hand-written."""
+    import yaml
+
+    head = "# Generated from vgpu_patch/daemonset.py (DaemonSetOptions) by `vgpu-patch daemonset --write-chart`.\n"
+    values = head + "# Each key is an option of `vgpu-patch daemonset`; the namespace is the release's (helm -n).\n"
+    for key, value in chart_values().items():
+        values += f"\n# {VALUE_HELP[key]}\n"
+        values += yaml.safe_dump({key: value}, sort_keys=False, default_flow_style=False, width=120)
+    chart = head + yaml.safe_dump({
+        "apiVersion": "v2", "name": APP,
+        "description": "The vgpu-patch node agent: keeps a fixed libvgpu.so on GPU nodes",
+        "type": "application", "version": __version__, "appVersion": __version__,
+        "kubeVersion": ">=1.25.0-0",
+    }, sort_keys=False)
+    schema = json.dumps(values_schema(), indent=2) + "\n"
+    return {"Chart.yaml": chart, "values.yaml": values, "values.schema.json": schema}

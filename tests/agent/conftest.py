@@ -3,10 +3,14 @@ from __future__ import annotations
 
 import json
 import shutil
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from agent_helpers import Host, Image, build_lib, sha
+from agent_helpers import TIMEOUT, Host, Image, build_lib, sha, wait_for
+
+from vgpu_patch.agent import Agent, AgentConfig
 
 
 @pytest.fixture(scope="session")
@@ -41,6 +45,24 @@ def host(tmp_path: Path, vendor: Path) -> Host:
     h.libdir.mkdir(parents=True)
     shutil.copy(vendor, h.live)
     return h
+
+
+@pytest.fixture
+def running(image: Image, host: Host, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Agent]:
+    """An agent running in a thread (watch mode from the test's `watch` marker), stopped at the end."""
+    marker = request.node.get_closest_marker("watch")
+    watch, interval = marker.args if marker else ("inotify", 30.0)
+    agent = Agent(AgentConfig(library=image.library, host_root=host.root, interval=interval, watch=watch,
+                              status_file=tmp_path / "run" / "agent.json", settle=0.05))
+    thread = threading.Thread(target=agent.run, daemon=True)
+    thread.start()
+    wait_for(lambda: agent.snapshot().ready or agent.snapshot().state == "error")  # published: status file too
+    try:
+        yield agent
+    finally:
+        agent.stop()
+        thread.join(TIMEOUT)
+        assert not thread.is_alive()
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -3,60 +3,21 @@ from __future__ import annotations
 
 import json
 import shutil
-import threading
 import time
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Callable
 
 import pytest
-from agent_helpers import Host, Image, sha
+from agent_helpers import TIMEOUT, Host, Image, hami_copy_back, sha, wait_for
 from click.testing import CliRunner
 
 from vgpu_patch.agent import Agent, AgentConfig
 from vgpu_patch.commands.agent import cli
 from vgpu_patch.errors import ElfError, IntegrityError
 
-TIMEOUT = 10.0
-
 
 def args(image: Image, host: Host, *extra: str) -> list[str]:
     return ["--library", str(image.library), "--host-root", str(host.root), "--target-dir", "/usr/local/vgpu", *extra]
-
-
-def wait_for(cond: Callable[[], bool], timeout: float = TIMEOUT) -> float:
-    start = time.monotonic()
-    while not cond():
-        if time.monotonic() - start > timeout:
-            raise AssertionError(f"condition not met within {timeout}s")
-        time.sleep(0.02)
-    return time.monotonic() - start
-
-
-def hami_copy_back(src: Path, live: Path) -> None:
-    """What HAMi's device plugin does on restart: a plain in-place cp over the live file."""
-    with open(src, "rb") as f, open(live, "r+b") as out:
-        out.truncate(0)
-        shutil.copyfileobj(f, out)
-
-
-@pytest.fixture
-def running(image: Image, host: Host, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Agent]:
-    """An agent running in a thread (watch mode from the test's `watch` marker), stopped at the end."""
-    marker = request.node.get_closest_marker("watch")
-    watch, interval = marker.args if marker else ("inotify", 30.0)
-    agent = Agent(AgentConfig(library=image.library, host_root=host.root, interval=interval, watch=watch,
-                              status_file=tmp_path / "run" / "agent.json", settle=0.05))
-    thread = threading.Thread(target=agent.run, daemon=True)
-    thread.start()
-    wait_for(lambda: agent.status.ready or agent.status.state == "error")
-    try:
-        yield agent
-    finally:
-        agent.stop()
-        thread.join(TIMEOUT)
-        assert not thread.is_alive()
 
 
 def test_once_installs_with_the_cli_protocol(image: Image, host: Host, vendor: Path, tmp_path: Path) -> None:
@@ -67,8 +28,8 @@ def test_once_installs_with_the_cli_protocol(image: Image, host: Host, vendor: P
     assert doc["ready"] and doc["state"] == "ok" and doc["deploys"] == 1
     assert sha(host.live) == image.sha256
     (line,) = host.history()
-    assert (line["action"], line["tool"], line["from_sha256"], line["to_sha256"]) == \
-        ("deploy", "agent", sha(vendor), image.sha256)
+    got = (line["action"], line["tool"], line["from_sha256"], line["to_sha256"])
+    assert got == ("deploy", "agent", sha(vendor), image.sha256)
     assert line["path"] == "/usr/local/vgpu/libvgpu.so"
     assert (host.state / "backups" / f"{sha(vendor)}.so").read_bytes() == vendor.read_bytes()
     assert json.loads(status_file.read_text())["live_sha256"] == image.sha256
@@ -92,10 +53,10 @@ def test_copy_back_is_reverted_at_once_with_inotify(running: Agent, image: Image
     assert sha(host.live) == image.sha256
     hami_copy_back(vendor, host.live)
     took = wait_for(lambda: running.status.reapplies == 1 and sha(host.live) == image.sha256)
-    assert took < 5.0  # far inside the 30 s interval: the event woke the agent
+    assert took < 15.0  # inside the 30 s interval: the event woke the agent (slack for a loaded machine)
     last = host.history()[-1]
-    assert (last["action"], last["tool"], last["from_sha256"], last["to_sha256"]) == \
-        ("reapply", "agent", sha(vendor), image.sha256)
+    got = (last["action"], last["tool"], last["from_sha256"], last["to_sha256"])
+    assert got == ("reapply", "agent", sha(vendor), image.sha256)
     assert running.status.state == "ok" and running.status.ready
 
 
@@ -129,7 +90,7 @@ def test_sha_mismatch_is_refused(image: Image, host: Host, vendor: Path) -> None
     assert res.exit_code != 0 and isinstance(res.exception, IntegrityError)
     assert "nothing on the host was touched" in str(res.exception)
     (image.library.parent / "libvgpu.so.json").write_text(json.dumps({"sha256": "cd" * 32}))
-    with pytest.raises(IntegrityError, match=r"libvgpu.so.json expects"):
+    with pytest.raises(IntegrityError, match=r"libvgpu\.so\.json expects"):
         Agent(AgentConfig(library=image.library, host_root=host.root))
     (image.library.parent / "libvgpu.so.json").unlink()
     with pytest.raises(IntegrityError, match="no expected sha256"):
@@ -148,7 +109,7 @@ def test_non_elf_content_is_refused(image: Image, host: Host, vendor: Path) -> N
 def test_status_file_and_metrics(running: Agent, image: Image, host: Host, tmp_path: Path) -> None:
     from vgpu_patch.agent.metrics import serve
 
-    server = serve(lambda: running.status, 0, "127.0.0.1")
+    server = serve(running.snapshot, 0, "127.0.0.1")
     try:
         port = server.server_address[1]
         body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()

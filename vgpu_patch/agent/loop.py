@@ -9,6 +9,7 @@ Rules (docs/fleet.md):
 """
 from __future__ import annotations
 
+import copy
 import os
 import socket
 import sys
@@ -16,14 +17,18 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..deploy import facts as F
 from ..deploy.swap import SwapResult, deploy_file, rollback
 from ..errors import IntegrityError, VgpuPatchError
 from ..transport.local import LocalTransport
 from .image import ImageLibrary, expected_sha256, verify_image
-from .status import AgentStatus, utc_now, write_status
+from .status import AgentStatus, utc_now, write_ready_marker, write_status
 from .watcher import PollWatcher, make_watcher, relevant
+
+if TYPE_CHECKING:
+    from ..k8s.report import NodeReporter
 
 TOOL = "agent"
 
@@ -49,6 +54,14 @@ class AgentConfig:
     operator: str = ""
     watch: str = "auto"  # auto | inotify | poll
     settle: float = 0.3  # wait for another writer to finish before judging its file
+    proc: Path | None = Path("/proc")  # the host's /proc (hostPID): stale processes and their pods; None = off
+    ready_file: Path | None = None  # exists only while ready (exec probe `test -e`); default: `ready` by status_file
+    stuck_after: float = 0.0  # liveness fails when the loop has not turned for this long; 0 = max(120, 3*interval+60)
+    reporter: NodeReporter | None = None  # node annotations through the API (optional service account)
+
+    @property
+    def stuck_seconds(self) -> float:
+        return self.stuck_after or max(120.0, 3 * self.interval + 60.0)
 
 
 class Agent:
@@ -62,9 +75,17 @@ class Agent:
         self.status = AgentStatus(
             node=self.t.name, library=str(cfg.library), want_sha256=self.image.sha256, target_dir=self.dir
         )
+        if cfg.ready_file is None and cfg.status_file is not None:
+            cfg.ready_file = cfg.status_file.with_name("ready")
+        self.status.api = "ok" if cfg.reporter is not None else "off"
+        self.status.heartbeat_unix = time.time()  # a first check that never returns must also fail liveness
         self._stop = threading.Event()
         self._watcher: PollWatcher | None = None
         self._good_sig: tuple | None = None
+        self._lock = threading.Lock()
+        self._published: AgentStatus = copy.deepcopy(self.status)
+        self._partial_logged: str | None = None
+        self._stale_pods: list = []  # StalePod of the last scan
 
     # -- one pass ---------------------------------------------------------------------------------
     def signature(self) -> tuple | None:
@@ -105,11 +126,26 @@ class Agent:
             )
             return "yielded"
         action = "reapply" if last and last.get("to_sha256") == self.image.sha256 else "deploy"
+        if live is not None:
+            self._note_partial(live)
         res = deploy_file(
             self.t, self.image.path, self.dir, operator=self.operator, tool=TOOL, install=True, action=action
         )
         self._record(res, action)
         return action if res.changed else "ok"
+
+    def _note_partial(self, live: F.LibFile) -> None:
+        """Say so when the file being replaced is not a whole library; the swap then keeps no backup of it."""
+        from ..elf.facts import image
+        from ..errors import ElfError
+
+        try:
+            with image(Path(self.t.path(live.path)), "live library"):
+                pass
+        except ElfError as e:
+            if live.sha256 != self._partial_logged:
+                log(f"{e}: replacing it without keeping it as a backup or rollback target")
+                self._partial_logged = live.sha256
 
     def _record(self, res: SwapResult, action: str) -> None:
         s = self.status
@@ -129,28 +165,108 @@ class Agent:
             + (f"; pids still on the old file until restart: {res.stale_pids}" if res.stale_pids else ""))
 
     def step(self, *, startup: bool = False, raise_errors: bool = False) -> str:
-        """ensure() with errors recorded in the status instead of ending the agent; writes the status file."""
+        """ensure() with errors recorded in the status instead of ending the agent; then publish one snapshot."""
+        before = (self.status.state, self.status.last_error)
         try:
             did = self.ensure(startup=startup)
             self.status.last_error = None
         except VgpuPatchError as e:
             self.status.errors += 1
             if str(e) != self.status.last_error:  # a lasting problem is logged once, counted every time
-                log(f"error: {e}")
+                log(f"error: {e}; not ready until it is fixed")
             self.status.state, self.status.last_error = "error", str(e)
             if raise_errors:
+                self.publish()
                 raise
             did = "error"
-        finally:
-            self.write_status()
+        except BaseException:
+            self.publish()
+            raise
+        self.scan_stale()
+        self.report()
+        self.announce(before)
+        self.publish()
         return did
 
-    def write_status(self) -> None:
+    def announce(self, before: tuple[str, str | None]) -> None:
+        """An Event on the Node when the agent starts refusing (error) or yields: loud where operators look."""
+        s, rep = self.status, self.cfg.reporter
+        if rep is None or (s.state, s.last_error) == before or s.state not in ("error", "yielded"):
+            return
+        reason = "VgpuPatchRefused" if s.state == "error" else "VgpuPatchYielded"
+        try:
+            rep.event("Warning" if s.state == "error" else "Normal", reason, f"{s.reason} (not ready)")
+        except Exception as e:  # optional, like the annotations
+            s.api_errors += 1
+            s.api, s.api_error = "error", str(e) if isinstance(e, VgpuPatchError) else f"{type(e).__name__}: {e}"
+
+    def scan_stale(self) -> None:
+        """Processes still mapping an older copy of the library, grouped by pod (needs the host's /proc)."""
+        if self.cfg.proc is None:
+            return
+        from ..k8s.procmap import by_pod, scan, scope
+
+        s = self.status
+        if not s.stale_scope:
+            s.stale_scope = scope(self.cfg.proc)
+            if s.stale_scope == "pid-namespace":
+                log(f"{self.cfg.proc} shows only this pod's PID namespace (no hostPID): processes of other pods "
+                    "still on an old library are not seen; run with hostPID or --no-stale-scan")
+        live_ino = None
+        if s.live_path:
+            try:
+                live_ino = os.stat(self.t.path(s.live_path)).st_ino
+            except OSError:
+                live_ino = None
+        procs = scan(self.cfg.proc, (self.dir, str(self.host_dir)), live_ino)
+        pods, host_pids = by_pod(procs)
+        self._stale_pods = pods
+        s.stale_scanned = True
+        s.stale_processes = len(procs)
+        s.stale_pods = [p.to_dict() for p in pods]
+        s.stale_host_pids = host_pids
+
+    def report(self) -> None:
+        """Annotate the node (optional service account); an API failure never changes readiness."""
+        rep, s = self.cfg.reporter, self.status
+        if rep is None:
+            return
+        try:
+            pods = self._stale_pods
+            rep.report(s.live_sha256, s.live_path, pods, s.stale_host_pids)
+            s.stale_pods = [p.to_dict() for p in pods]  # now with namespace/name
+            s.api, s.api_error = "ok", None
+        except Exception as e:  # reporting is optional: no failure of it may stop the agent
+            msg = str(e) if isinstance(e, VgpuPatchError) else f"{type(e).__name__}: {e}"
+            s.api_errors += 1
+            if msg != s.api_error:
+                log(f"cannot report to the Kubernetes API: {msg}")
+            s.api, s.api_error = "error", msg
+
+    def publish(self) -> None:
+        """One consistent snapshot for /healthz, /metrics, the status file and the ready marker."""
+        self.status.heartbeat_unix = time.time()
+        snap = copy.deepcopy(self.status)
+        self.write_status(snap)  # files first: whoever sees the new snapshot in memory finds them written
+        with self._lock:
+            self._published = snap
+
+    def snapshot(self) -> AgentStatus:
+        with self._lock:
+            return self._published
+
+    def write_status(self, snap: AgentStatus | None = None) -> None:
+        snap = snap or self.snapshot()
         if self.cfg.status_file:
             try:
-                write_status(self.cfg.status_file, self.status)
+                write_status(self.cfg.status_file, snap)
             except OSError as e:
                 log(f"cannot write status file {self.cfg.status_file}: {e.strerror or e}")
+        if self.cfg.ready_file:
+            try:
+                write_ready_marker(self.cfg.ready_file, snap.ready)
+            except OSError as e:
+                log(f"cannot write ready marker {self.cfg.ready_file}: {e.strerror or e}")
 
     # -- the loop ---------------------------------------------------------------------------------
     def _settled(self) -> None:
@@ -175,10 +291,11 @@ class Agent:
         log(f"watching {self.host_dir} ({self._watcher.kind}, re-check every {self.cfg.interval:g}s); "
             f"image library {self.image.sha256[:12]} ({self.image.version or 'foreign build'})")
         try:
+            self.publish()  # "starting": not ready, but alive
             self.step(startup=True)
             startup = self.status.state == "error"  # keep trying the install until it has succeeded once
             while not self._stop.is_set():
-                woke = self._watcher.wait(self.cfg.interval)
+                woke = self._watcher.wait(min(self.cfg.interval, self.cfg.stuck_seconds / 3))
                 if self._stop.is_set():
                     break
                 # Every wake-up hashes the live file (a few ms): inode, size and mtime alone can miss an

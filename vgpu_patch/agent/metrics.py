@@ -1,7 +1,16 @@
-"""Prometheus text metrics for the agent, served by the standard library's http.server."""
+"""Prometheus text metrics and health endpoints for the agent, served by the standard library's http.server.
+
+Every endpoint answers from the same published snapshot (`Agent.snapshot()`), so /readyz, /healthz, the
+`vgpu_patch_agent_ready` metric and the status file always say the same thing:
+- /readyz and /healthz: 200 `ready` while the live file is the image's library and the agent is in state ok;
+  else 503 `not ready: <reason>` (never "ok");
+- /livez: 200 `alive` while the watch loop has turned within `stuck_after` seconds; else 503 `stuck: ...`;
+- /metrics: the exposition text, including one `vgpu_patch_agent_stale_pod_processes` series per pod.
+"""
 from __future__ import annotations
 
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable
 
@@ -14,25 +23,46 @@ def _label(value: object) -> str:
     return str(value).replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
 
-def render(s: AgentStatus) -> str:
+def _labels(d: dict[str, object]) -> str:
+    return ",".join(f'{k}="{_label(v)}"' for k, v in d.items())
+
+
+def render(s: AgentStatus, now: float | None = None) -> str:
     """The exposition text for one status snapshot."""
     rows = [
-        ("vgpu_patch_agent_ready", "gauge", "Whether the live library is the image's library (1) or not (0)",
-         int(s.ready)),
+        ("vgpu_patch_agent_ready", "gauge",
+         "Whether the live library is the image's library and the agent is in state ok (1) or not (0)", int(s.ready)),
         ("vgpu_patch_agent_yielded", "gauge",
          "Whether the agent stopped enforcing after an operator's recorded change (1) or not (0)",
          int(s.state == "yielded")),
+        ("vgpu_patch_agent_error", "gauge", "Whether the last check failed (1) or not (0)", int(s.state == "error")),
         ("vgpu_patch_agent_checks_total", "counter", "Checks of the live library", s.checks),
         ("vgpu_patch_agent_deploys_total", "counter", "Installs of the image's library (history action deploy)",
          s.deploys),
         ("vgpu_patch_agent_reapplies_total", "counter",
          "Re-installs after another writer replaced the library (history action reapply)", s.reapplies),
         ("vgpu_patch_agent_errors_total", "counter", "Checks or swaps that failed", s.errors),
+        ("vgpu_patch_agent_api_errors_total", "counter", "Failed reports to the Kubernetes API", s.api_errors),
         ("vgpu_patch_agent_last_check_timestamp_seconds", "gauge", "Unix time of the last check", s.last_check_unix),
+        ("vgpu_patch_agent_heartbeat_age_seconds", "gauge", "Seconds since the watch loop last turned",
+         round(s.heartbeat_age(now), 3)),
     ]
+    if s.stale_scanned:
+        rows.append(("vgpu_patch_agent_stale_processes", "gauge",
+                     "Processes still mapping an older copy of the library (restart their containers)",
+                     s.stale_processes))
     out = []
     for name, kind, help_text, value in rows:
         out += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}", f"{name} {value}"]
+    if s.stale_scanned:
+        name = "vgpu_patch_agent_stale_pod_processes"
+        out += [f"# HELP {name} Processes of one pod still mapping an older copy of the library",
+                f"# TYPE {name} gauge"]
+        for p in s.stale_pods:
+            labels = {"pod_uid": p["pod_uid"], "namespace": p.get("namespace") or "", "pod": p.get("name") or ""}
+            out.append(f"{name}{{{_labels(labels)}}} {len(p['pids'])}")
+        if s.stale_host_pids:
+            out.append(f'{name}{{pod_uid="",namespace="",pod=""}} {len(s.stale_host_pids)}')
     info = {
         "version": s.version,
         "state": s.state,
@@ -40,32 +70,47 @@ def render(s: AgentStatus) -> str:
         "live_path": s.live_path or "",
         "want_sha256": s.want_sha256,
         "live_sha256": s.live_sha256 or "",
+        "api": s.api,
+        "stale_scope": s.stale_scope,
     }
-    labels = ",".join(f'{k}="{_label(v)}"' for k, v in info.items())
     out += ["# HELP vgpu_patch_agent_info The agent's configuration and state", "# TYPE vgpu_patch_agent_info gauge",
-            f"vgpu_patch_agent_info{{{labels}}} 1"]
+            f"vgpu_patch_agent_info{{{_labels(dict(info))}}} 1"]
     return "\n".join(out) + "\n"
 
 
-def serve(snapshot: Callable[[], AgentStatus], port: int, addr: str = "0.0.0.0") -> ThreadingHTTPServer:
-    """Serve /metrics (and /healthz, 200 when ready) from a daemon thread; returns the server (port 0 = any)."""
+def health(s: AgentStatus, path: str, stuck_after: float, now: float | None = None) -> tuple[int, str] | None:
+    """(HTTP code, body) of a health endpoint, None for another path."""
+    if path in ("/readyz", "/healthz"):
+        return (200, "ready\n") if s.ready else (503, f"not ready: {s.reason}\n")
+    if path == "/livez":
+        age = s.heartbeat_age(now)
+        if s.heartbeat_unix and age > stuck_after:
+            return 503, f"stuck: the watch loop last turned {age:.0f}s ago (limit {stuck_after:.0f}s)\n"
+        return 200, "alive\n"
+    return None
+
+
+def serve(snapshot: Callable[[], AgentStatus], port: int, addr: str = "0.0.0.0", *,
+          stuck_after: float = 120.0) -> ThreadingHTTPServer:
+    """Serve /metrics, /readyz, /healthz and /livez from a daemon thread; returns the server (port 0 = any)."""
 
     class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # http.server's name for the handler
-            s = snapshot()
-            if self.path.split("?", 1)[0] == "/metrics":
-                code, body, ctype = 200, render(s).encode(), CONTENT_TYPE
-            elif self.path == "/healthz":
-                code, body, ctype = (200 if s.ready else 503), (s.state + "\n").encode(), "text/plain"
+        def do_GET(self) -> None:
+            s, now = snapshot(), time.time()
+            path = self.path.split("?", 1)[0]
+            ctype = "text/plain; charset=utf-8"
+            if path == "/metrics":
+                code, body, ctype = 200, render(s, now), CONTENT_TYPE
             else:
-                code, body, ctype = 404, b"not found: try /metrics\n", "text/plain"
+                code, body = health(s, path, stuck_after, now) or (404, "not found: try /metrics, /readyz or /livez\n")
+            data = body.encode()
             self.send_response(code)
             self.send_header("Content-Type", ctype)
-            self.send_header("Content-Length", str(len(body)))
+            self.send_header("Content-Length", str(len(data)))
             self.end_headers()
-            self.wfile.write(body)
+            self.wfile.write(data)
 
-        def log_message(self, format: str, *args: object) -> None:  # scrapes every few seconds: stay quiet
+        def log_message(self, format: str, *args: object) -> None:  # probes and scrapes every few seconds: stay quiet
             pass
 
     server = ThreadingHTTPServer((addr, port), Handler)

@@ -4,11 +4,15 @@ from __future__ import annotations
 import signal
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from ..cli_options import emit_json, json_option
 from ..errors import EXIT_FAILED
+
+if TYPE_CHECKING:
+    from ..k8s.report import NodeReporter
 
 EPILOG = """\b
 Examples:
@@ -48,13 +52,32 @@ Exit codes: 0 ok (probe: ready); 1 failed, refused image content, or probe: not 
 @click.option("--status-file", type=click.Path(dir_okay=False, path_type=Path),
               default=Path("/run/vgpu-patch/agent.json"), show_default=True, help="JSON status, rewritten each check.")
 @click.option("--metrics-port", type=click.IntRange(min=0, max=65535), default=None,
-              help="Serve Prometheus metrics on this port (/metrics); off by default.")
+              help="Serve /metrics (Prometheus), /readyz and /healthz (200 only while ready) and /livez (the "
+                   "watch loop's heartbeat) on this port; off by default.")
 @click.option("--metrics-addr", default="0.0.0.0", show_default=True, help="Address for --metrics-port.")
 @click.option("--operator", default="", help="Recorded in history.jsonl [default: agent@$NODE_NAME].")
+@click.option("--proc-root", type=click.Path(file_okay=False, path_type=Path), default=Path("/proc"), show_default=True,
+              help="The host's /proc (the pod needs hostPID): processes still on an old library and their pods.")
+@click.option("--no-stale-scan", is_flag=True, help="Do not look for processes still mapping an old library.")
+@click.option("--ready-file", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Exists only while ready: an exec readiness probe is `test -e FILE` [default: `ready` beside "
+                   "--status-file].")
+@click.option("--stuck-after", type=click.FloatRange(min=1), default=None,
+              help="Liveness (/livez) fails when the watch loop has not turned for this many seconds "
+                   "[default: max(120, 3*interval+60)].")
+@click.option("--report", "report", type=click.Choice(["auto", "on", "off"]), default="auto", show_default=True,
+              help="Annotate this node with the live sha256 and the pods still on an old library; "
+                   "auto = when a service-account token is mounted.")
+@click.option("--node-name", envvar="NODE_NAME", default=None, help="This node's name [default: $NODE_NAME].")
+@click.option("--api-server", default=None, metavar="URL", help="Kubernetes API URL [default: in-cluster].")
+@click.option("--token-file", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Bearer token for --api-server.")
 @json_option
 def cli(library: Path, sha256: str | None, manifest: Path | None, host_root: Path, target_dir: str, interval: float,
         watch: str, once: bool, probe: bool, do_rollback: bool, to_sha256: str | None, status_file: Path,
-        metrics_port: int | None, metrics_addr: str, operator: str, as_json: bool) -> None:
+        metrics_port: int | None, metrics_addr: str, operator: str, proc_root: Path, no_stale_scan: bool,
+        ready_file: Path | None, stuck_after: float | None, report: str, node_name: str | None, api_server: str | None,
+        token_file: Path | None, as_json: bool) -> None:
     """Install the image's libvgpu.so into the host's library directory and keep it there.
 
     Uses the same protocol and on-node state as `vgpu-patch deploy` (lock, backups, history.jsonl with
@@ -78,8 +101,11 @@ def cli(library: Path, sha256: str | None, manifest: Path | None, host_root: Pat
                        err=True)
         sys.exit(0 if doc["ready"] else EXIT_FAILED)
 
+    reporter = _reporter(report, node_name, api_server, token_file) if not (do_rollback or probe) else None
     cfg = AgentConfig(library=library, host_root=host_root, target_dir=target_dir, interval=interval, sha256=sha256,
-                      manifest=manifest, status_file=status_file, operator=operator, watch=watch)
+                      manifest=manifest, status_file=status_file, operator=operator, watch=watch,
+                      proc=None if no_stale_scan else proc_root, ready_file=ready_file, stuck_after=stuck_after or 0.0,
+                      reporter=reporter)
     agent = Agent(cfg)
     if do_rollback:
         res = agent.rollback(to_sha256)
@@ -98,7 +124,7 @@ def cli(library: Path, sha256: str | None, manifest: Path | None, host_root: Pat
     if metrics_port is not None:
         from ..agent.metrics import serve
 
-        server = serve(lambda: agent.status, metrics_port, metrics_addr)
+        server = serve(agent.snapshot, metrics_port, metrics_addr, stuck_after=cfg.stuck_seconds)
         log(f"metrics on http://{metrics_addr}:{server.server_address[1]}/metrics")
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: agent.stop())
@@ -110,3 +136,26 @@ def cli(library: Path, sha256: str | None, manifest: Path | None, host_root: Pat
     if as_json:
         emit_json(status.to_dict())
 
+
+
+def _reporter(mode: str, node: str | None, server: str | None, token_file: Path | None) -> NodeReporter | None:
+    """The node reporter for --report, None when off (auto: only with a mounted service-account token)."""
+    from ..k8s import api
+
+    if mode == "off":
+        return None
+    client = api.Client(server, token_file=token_file) if server else api.in_cluster()
+    if client is None:
+        if mode == "on":
+            raise click.UsageError("--report on: no service-account token is mounted and no --api-server was given")
+        return None
+    if not node:
+        if mode == "on":
+            raise click.UsageError("--report on needs this node's name: set NODE_NAME or --node-name")
+        from ..agent.loop import log
+
+        log("not reporting to the Kubernetes API: NODE_NAME is not set (the DaemonSet sets it)")
+        return None
+    from ..k8s.report import NodeReporter
+
+    return NodeReporter(client, node)

@@ -14,6 +14,10 @@ Examples:
   vgpu-patch daemonset --image registry.example.com/vgpu-patch-agent:0.1.0 -o vgpu-patch-agent.yaml
   vgpu-patch daemonset --node-selector nvidia.com/gpu.present=true --namespace gpu-ops \\
       --sha256 "$(jq -r .sha256 out/libvgpu.so.json)" -o - | kubectl apply -f -
+  # service account + RBAC (node annotations, `vgpu-patch restart-plan`), a private registry, OpenShift
+  vgpu-patch daemonset --rbac --image-pull-secret regcred --toleration '*' --selinux type=spc_t
+  # the Helm chart's generated files (values.yaml, values.schema.json, Chart.yaml) from the same options
+  vgpu-patch daemonset --write-chart charts/vgpu-patch-agent
 
 \b
 Exit codes: 0 written; 2 usage error (bad label, name or path).
@@ -36,23 +40,57 @@ Exit codes: 0 written; 2 usage error (bad label, name or path).
               help="Rolling update: nodes updated at once (N or N%).")
 @click.option("--cpu-limit", default="200m", show_default=True, help="Container CPU limit.")
 @click.option("--memory-limit", default="128Mi", show_default=True, help="Container memory limit.")
-@click.option("--priority-class", default="system-node-critical", show_default=True,
-              help="Pod priority class; empty for none (system-node-critical is allowed in kube-system only).")
+@click.option("--priority-class", default="auto", show_default=True,
+              help="Pod priority class; auto = system-node-critical in kube-system (the only namespace that admits "
+                   "system-* classes by default) and none elsewhere; empty for none.")
+@click.option("--toleration", "tolerations", multiple=True, metavar="KEY[=VALUE][:EFFECT]",
+              help="Tolerate this taint too (repeatable; '*' tolerates every taint); nvidia.com/gpu is tolerated "
+                   "already.")
+@click.option("--image-pull-secret", "pull_secrets", multiple=True, metavar="NAME",
+              help="imagePullSecrets entry for a private registry (repeatable).")
+@click.option("--selinux", "selinux", multiple=True, metavar="KEY=VALUE",
+              help="Container seLinuxOptions: type=, level=, user=, role= (repeatable), e.g. type=spc_t.")
+@click.option("--host-pid/--no-host-pid", default=True, show_default=True,
+              help="Share the host's PID namespace (with CAP_SYS_PTRACE) to name the pods still on an old library.")
+@click.option("--rbac/--no-rbac", default=False, show_default=True,
+              help="Add a ServiceAccount and a ClusterRole (nodes get/patch, pods list, events create) so the agent "
+                   "annotates its node for `vgpu-patch restart-plan` and posts an Event when it refuses.")
+@click.option("--write-chart", type=click.Path(file_okay=False, path_type=Path), default=None, metavar="DIR",
+              help="Write the Helm chart's generated files (Chart.yaml, values.yaml, values.schema.json) into DIR "
+                   "and exit.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, allow_dash=True, path_type=Path), default=Path("-"),
               show_default=True, help="Write the manifest here ('-' = stdout).")
 @json_option
 def cli(image: str | None, namespace: str, name: str, node_selector: tuple[str, ...], host_dir: str, sha256: str | None,
         interval: float, metrics_port: int, max_unavailable: str, cpu_limit: str, memory_limit: str,
-        priority_class: str, output: Path, as_json: bool) -> None:
+        priority_class: str, tolerations: tuple[str, ...], pull_secrets: tuple[str, ...], selinux: tuple[str, ...],
+        host_pid: bool, rbac: bool, write_chart: Path | None, output: Path, as_json: bool) -> None:
     """Render a DaemonSet that runs `vgpu-patch agent` on every GPU node.
 
-    hostPath mount of the library directory only, node selector for GPU nodes, RollingUpdate with
-    maxUnavailable, resource requests and limits, an exec readiness probe (`vgpu-patch agent --probe`),
-    and a narrow security context (root without privilege, capabilities dropped but CHOWN, read-only
-    root filesystem). With --json the manifest is printed as one JSON document instead of YAML.
+    hostPath mount of the library directory only, hostPID (to name the pods still on an old library),
+    node selector for GPU nodes, RollingUpdate with maxUnavailable, resource requests and limits, probes
+    that start no interpreter (httpGet /readyz and /livez on the metrics port, else `test -e` of the ready
+    marker), and a narrow security context (root without privilege, capabilities dropped but CHOWN and
+    SYS_PTRACE, read-only root filesystem). The Helm chart charts/vgpu-patch-agent renders the same objects.
+    With --json the manifests are printed as one JSON document (a v1 List when there are several).
     """
-    from ..daemonset import DaemonSetOptions, parse_node_selector, render, render_yaml
+    from ..daemonset import (
+        DaemonSetOptions,
+        chart_files,
+        parse_node_selector,
+        parse_selinux,
+        parse_toleration,
+        render_all,
+        render_yaml,
+    )
     from ..errors import UsageError
+
+    if write_chart is not None:
+        write_chart.mkdir(parents=True, exist_ok=True)
+        for rel, text in chart_files().items():
+            (write_chart / rel).write_text(text)
+            click.echo(f"wrote {write_chart / rel}", err=True)
+        return
 
     if sha256 and not re.match(r"^[0-9a-fA-F]{64}$", sha256):
         raise UsageError(f"--sha256 {sha256!r}: expected 64 hex digits from the build manifest")
@@ -60,13 +98,16 @@ def cli(image: str | None, namespace: str, name: str, node_selector: tuple[str, 
         namespace=namespace, name=name, host_dir=host_dir, sha256=sha256.lower() if sha256 else None,
         interval=interval, metrics_port=metrics_port or None, max_unavailable=max_unavailable,
         cpu_limit=cpu_limit, memory_limit=memory_limit, priority_class=priority_class or None,
+        tolerations=[parse_toleration(t) for t in tolerations], image_pull_secrets=list(pull_secrets),
+        selinux=parse_selinux(selinux), host_pid=host_pid, rbac=rbac,
     )
     if image:
         opts.image = image
     if node_selector:
         opts.node_selector = parse_node_selector(node_selector)
     if as_json:
-        doc = render(opts)
+        docs = render_all(opts)
+        doc = docs[0] if len(docs) == 1 else {"apiVersion": "v1", "kind": "List", "items": docs}
         if str(output) == "-":
             emit_json(doc)
             return

@@ -28,12 +28,14 @@ Exit codes: 0 every node answered and has a library; 1 none did; 2 usage error;
 def cli(history: int, as_json: bool, parallel: int, **kw: object) -> None:
     """Show per node: the live library and its sha256, ours (with version) or the vendor's,
     the backups kept, the last swaps, and how many running processes still map an older copy
-    (they keep it until restarted).
+    (they keep it until restarted), each with its pod UID and container id read from /proc/PID/cgroup.
     """
     targets = resolve_targets(kw)
 
+    from ..k8s.procmap import stale_table, with_pods
+
     def op(t, spec):
-        st = node_status(t, targets.dir_for(spec), history=history)
+        st = with_pods(t, node_status(t, targets.dir_for(spec), history=history))
         return ("ok" if st.path else "missing"), st  # no library: the node is not in a known state
 
     with progress(len(targets.specs), "status") as done:
@@ -43,4 +45,5 @@ def cli(history: int, as_json: bool, parallel: int, **kw: object) -> None:
         emit_json(fleet.to_dict())
     else:
         status_table(fleet)
+        stale_table(fleet)
     raise SystemExit(fleet.exit_code())

@@ -216,11 +216,15 @@ def choose_live(facts: NodeFacts, node: str) -> LibFile | None:
     """The file HAMi really uses, None when the directory holds none; DeployError when that is ambiguous."""
     where = f"{node}:{facts.target_dir}"
     versioned = [f for f in facts.files if f.name.startswith(LIB + ".")]
+    if len(versioned) > 1:  # an upgraded plugin's new file beside the old: follow ld.so.preload if it names one
+        named = {w.rsplit("/", 1)[-1] for line in facts.preload or [] if not line.strip().startswith("#")
+                 for w in line.replace(":", " ").split()}
+        versioned = [f for f in versioned if f.name in named] or versioned
     if len(versioned) > 1:
         names = ", ".join(f.name for f in versioned)
         raise DeployError(
-            f"{where}: several versioned libraries ({names}); HAMi's choice is unclear: "
-            "remove the stale ones, then rerun"
+            f"{where}: several versioned libraries ({names}) and ld.so.preload names none of them; HAMi's choice is "
+            "unclear: remove the stale ones, then rerun"
         )
     live = versioned[0] if versioned else facts.file(LIB)
     if live is not None and live.link_to is not None:

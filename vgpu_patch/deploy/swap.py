@@ -139,6 +139,15 @@ cleanup() {{
 trap cleanup EXIT
 fail() {{ code=$1; shift; printf '@@err %s\\n' "$*"; exit "$code"; }}
 hash_of() {{ sha256sum < "$1" | cut -c1-64; }}
+# a whole 64-bit ELF: magic, and its section headers (at the end) inside the file; a cp caught mid-copy is not
+whole_lib() {{
+  [ "$2" -gt 64 ] || return 1
+  command -v od >/dev/null 2>&1 || return 0  # no od: a non-empty file counts as whole
+  [ "$(od -An -N4 -tx1 "$1" | tr -d ' \n')" = 7f454c46 ] || return 1
+  set -- "$2" $(od -An -j40 -N8 -tu8 "$1" 2>/dev/null) $(od -An -j58 -N4 -tu2 "$1" 2>/dev/null)
+  [ $# -eq 4 ] || return 0  # an od without 8-byte integers: the magic has to do
+  [ $(( $2 + $3 * $4 )) -le "$1" ]
+}}
 umask 022
 mkdir -p "$S/backups" "$S/staging" || fail {_WRITE} "cannot create $S"
 if command -v flock >/dev/null 2>&1; then
@@ -169,13 +178,18 @@ case "$out" in *"cannot be preloaded"*|*"ERROR: ld.so"*) rc=127;; esac
 [ "$rc" -eq 0 ] || fail {_NOLOAD} "LD_PRELOAD of the new file made /bin/true fail (exit $rc): $(printf '%s' "$out" | head -n 1)"
 # Back up what is live now (it may differ from the plan: HAMi's plugin rewrites the file in place,
 # outside any lock). The copy is hashed, so the backup's name and the history say what was replaced.
-BK=""; FROMJ=null
+# A live file that is not a whole library (empty, or caught mid-copy) is replaced but never kept as a backup
+# nor recorded as from_sha256: a rollback must never restore it.
+BK=""; FROMJ=null; REC=""
 if [ -e "$LIVE" ]; then
   BTMP="$S/backups/.live.tmp.$$"
   cp "$LIVE" "$BTMP" 2>&1 && chmod 0644 "$BTMP" || fail {_WRITE} "backing up $LIVE failed (disk full?)"
-  cur=$(hash_of "$BTMP"); SIZE=$(stat -c %s "$BTMP"); CURJ="\\"$cur\\""; FROMJ="$CURJ"
+  cur=$(hash_of "$BTMP"); SIZE=$(stat -c %s "$BTMP"); CURJ="\\"$cur\\""; FROMJ="$CURJ"; REC="$cur"
   BK="$S/backups/$cur.so"
-  if [ -f "$BK" ] && [ "$(hash_of "$BK")" = "$cur" ]; then
+  if ! whole_lib "$BTMP" "$SIZE"; then
+    rm -f "$BTMP"; BK=""; FROMJ=null; REC=""
+    printf '@@partial %s\\n' "$SIZE"
+  elif [ -f "$BK" ] && [ "$(hash_of "$BK")" = "$cur" ]; then
     rm -f "$BTMP"
   else
     {manifest_printf} > "$BTMP.json" || fail {_WRITE} "writing the backup manifest failed (disk full?)"
@@ -203,7 +217,7 @@ sync "$D" "$S/history.jsonl" 2>/dev/null || sync  # the rename (directory) and t
 [ -n "$UP" ] && rm -f "$STG"
 # uploads orphaned by a dropped connection (this one is gone already): older than a day
 [ -n "$UP" ] && command -v find >/dev/null 2>&1 && find "${{UP%/*}}" -maxdepth 1 -name '.vgpu-patch-upload-*' -mtime +0 -exec rm -f {{}} + 2>/dev/null
-printf '@@ok %s %s %s\\n' "${{cur:--}}" "${{BK:--}}" "$(stat -c %i "$LIVE")"
+printf '@@ok %s %s %s\\n' "${{REC:--}}" "${{BK:--}}" "$(stat -c %i "$LIVE")"
 printf '\\n@@vgpu maps\\n'
 {F.maps_snippet()}
 exit 0
@@ -325,7 +339,8 @@ def _alive(t: Transport) -> bool:
 
 def choose_backup(facts: F.NodeFacts, live: F.LibFile | None, to_sha256: str | None, node: str) -> dict:
     """The backup to restore: the one named (a unique prefix of 6+ hex is fine), else the previous file."""
-    present = [b for b in facts.backups if b.get("present")]
+    # never restore a backup that is not a whole library (older versions kept empty files caught mid-copy)
+    present = [b for b in facts.backups if b.get("present") and int(b.get("size") or 0) > 64]
     if to_sha256:
         want = to_sha256.lower()
         if len(want) < 6:
@@ -342,7 +357,7 @@ def choose_backup(facts: F.NodeFacts, live: F.LibFile | None, to_sha256: str | N
         for entry in reversed(facts.history):
             if entry.get("to_sha256") == live.sha256 and entry.get("from_sha256"):
                 b = facts.backup(entry["from_sha256"])
-                if b is not None:
+                if b is not None and b in present:
                     return b
     others = [b for b in present if live is None or b.get("sha256") != live.sha256]
     if not others:
