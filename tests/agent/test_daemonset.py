@@ -120,7 +120,7 @@ def test_dockerfile_matches_the_agent() -> None:
     assert "pip check" in text
     from vgpu_patch.cli import COMMANDS
 
-    loop = re.search(r'for c in "" ([a-z ]+); do', text)
+    loop = re.search(r'for c in "" ([a-z -]+); do', text)
     assert loop and loop.group(1).split() == COMMANDS
 
 

@@ -246,7 +246,7 @@ def test_copy_back_keeps_views_consistent(image: Image, host: Host, vendor: Path
 
 def test_copy_back_flood_longer_than_the_settle_wait(image: Image, host: Host, vendor: Path, tmp_path: Path) -> None:
     """An in-place cp repeated for longer than the settle loop: no backup or from_sha256 is ever a partial file."""
-    from vgpu_patch.elf.facts import open_checked
+    from vgpu_patch.elf.facts import image as elf_image
 
     agent = Agent(AgentConfig(library=image.library, host_root=host.root, watch="inotify", interval=30, settle=0.01,
                               status_file=tmp_path / "run" / "agent.json", proc=None))
@@ -281,8 +281,8 @@ def test_copy_back_flood_longer_than_the_settle_wait(image: Image, host: Host, v
     for rec in host.history():
         assert rec["from_sha256"] in whole | {None}, rec
     for so in (host.state / "backups").glob("*.so"):
-        f, _ = open_checked(so, "backup")  # a whole ELF, or this raises
-        f.close()
+        with elf_image(so, "backup"):  # a whole ELF, or this raises
+            pass
         assert sha(so) in whole
     assert agent.snapshot().reapplies >= 1
 
