@@ -8,7 +8,8 @@
  *   exec:STEPS              replace this image with a fresh region_tool running STEPS (same pid)
  *   lockhold:MS             hold the region lock for MS milliseconds
  *   locktime                take and drop the region lock; prints rc and how long it took
- *   forksleep:MS            fork a child that sleeps MS ms without exec or any region use (not waited for)
+ *   forksleep:MS            fork a child that sleeps MS ms without exec or any region use (not waited
+ *                           for; "forked" once the child is running, its fork handlers done)
  *   bench:N:BYTES           time N reserve+release pairs on device 0; prints ns per pair
  *   benchcas:N:BYTES        the same with a process-local CAS counter (the fallback's cost)
  */
@@ -147,11 +148,23 @@ static int step(char *s)
         vgpu_region_unlock();
         printf("lock rc=%d ms=%.1f\n", rc, (double)(mono_ns() - t0) / 1e6);
     } else if (sscanf(s, "forksleep:%d", &d) == 1) {
+        int gate[2];
+        char c = 0;
         fflush(stdout);
-        if (fork() == 0) {
+        if (pipe(gate) != 0)
+            return 1;
+        if (fork() == 0) { /* the fork handlers have run by now: say so, then just sleep */
+            close(gate[0]);
+            if (write(gate[1], &c, 1) != 1)
+                _exit(1);
+            close(gate[1]);
             msleep(d);
             _exit(0);
         }
+        close(gate[1]);
+        if (read(gate[0], &c, 1) != 1)
+            return 1;
+        close(gate[0]);
         printf("forked\n");
     } else if (sscanf(s, "bench:%d:%llu", &d, &n) == 2) {
         long long t0 = mono_ns();
