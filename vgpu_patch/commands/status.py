@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import click
 
-from ..cli_options import emit_json, json_option
-from ..deploy.cli_targets import progress, resolve_targets, target_options
+from ..cli_options import emit_json, json_option, target_options
+from ..deploy.cli_targets import progress, resolve_targets
 from ..deploy.fleet import run_fleet
 from ..deploy.render import status_table
 from ..deploy.swap import node_status

@@ -32,7 +32,7 @@ def swap_table(fleet: FleetResult, title: str) -> None:
         if r is not None and not detail:
             plan = getattr(r, "plan", [])
             if o.status == "pending":
-                detail = "; ".join(s.text for s in plan)
+                detail = "; ".join(s.text for s in plan if s.kind not in ("prepare", "report"))
             elif plan and plan[0].kind == "noop":
                 detail = plan[0].text
             elif getattr(r, "path", None):

@@ -1,0 +1,134 @@
+"""The swap's shell, one fragment per step: the plan (`--dry-run`) and the script that runs are the same list.
+
+Each fragment reads the variables set by `prepare` (D, S, LIVE, WANT, UP, SRC...). `script(steps)` joins
+the fragments of a plan in order; nothing else is sent to the node. Every path is a shell variable set
+from a `shlex.quote`d literal, so spaces, colons and quotes in paths are safe.
+"""
+from __future__ import annotations
+
+import shlex
+
+from .facts import STATE, maps_snippet
+
+# exit codes of the swap script
+LOCKED, MISMATCH, NOLOAD, VERIFY, WRITE, UNSAFE = 75, 65, 66, 68, 71, 77
+
+
+def prepare(*, real_dir: str, live_real: str, want: str, upload_real: str | None, source_real: str | None,
+            upload_dir: str | None) -> str:
+    q = shlex.quote
+    return f"""D={q(real_dir)}; S="$D/{STATE}"; LIVE={q(live_real)}; WANT={q(want)}
+UP={q(upload_real or '')}; SRC={q(source_real or '')}; UPDIR={q(upload_dir or '')}
+NOW=$(date -u +%Y-%m-%dT%H:%M:%SZ); NOWJ="\\"$NOW\\""
+STG="$S/staging/$WANT.so"; TMP="$D/.${{LIVE##*/}}.vgpu-patch-tmp.$$"; BTMP=""; LOCKDIR=""; HELD=""
+trap '' HUP PIPE  # a dropped connection must not stop a swap half-way: finish it
+cleanup() {{
+  rm -f "$TMP" "$STG.part.$$" ${{BTMP:+"$BTMP"}} ${{BTMP:+"$BTMP.json"}} ${{UP:+"$UP"}}
+  [ -n "$HELD" ] && [ -n "$UP" ] && rm -f "$STG"   # our staged copy; only touched while holding the lock
+  [ -n "$LOCKDIR" ] && rmdir "$LOCKDIR"
+}}
+trap cleanup EXIT
+fail() {{ code=$1; shift; printf '@@err %s\\n' "$*"; exit "$code"; }}
+hash_of() {{ sha256sum < "$1" | cut -c1-64; }}
+umask 022"""
+
+
+# The state dir is trusted only when nobody but its owner (root, when we are root) can change it and it
+# holds no symlinks: then nothing can redirect a write (lock, history, backups) after this check.
+SAFE_STATE = f"""[ -d "$D" ] || fail {WRITE} "$D is not a directory"
+if [ -L "$S" ] || {{ [ -e "$S" ] && [ ! -d "$S" ]; }}; then
+  fail {UNSAFE} "$S is a symlink or not a directory: refusing to write through it; remove it (nothing changed)"
+fi
+mkdir -p "$S/backups" "$S/staging" || fail {WRITE} "cannot create $S"
+bad=$(find "$S" -type l -print 2>/dev/null | head -n 1)
+[ -z "$bad" ] || fail {UNSAFE} "$bad is a symlink inside $S: refusing to follow it; remove it (nothing changed)"
+if [ "$(id -u)" = 0 ]; then
+  bad=$(find "$S" \\( ! -user 0 -o -perm -002 -o \\( -type d -perm -020 \\) \\) -print 2>/dev/null | head -n 1)
+  [ -z "$bad" ] || fail {UNSAFE} "$bad is not root's alone (owner $(stat -c %U "$bad"), mode $(stat -c %a "$bad")): refusing to use it as root; chown -R root:root $S and chmod go-w, or remove it (nothing changed)"
+fi"""
+
+LOCK = f"""if command -v flock >/dev/null 2>&1; then
+  exec 9>>"$S/lock" || fail {WRITE} "cannot open $S/lock"
+  flock -n 9 || fail {LOCKED} "locked"
+else
+  mkdir "$S/lock.d" 2>/dev/null || fail {LOCKED} "locked"; LOCKDIR="$S/lock.d"
+fi
+HELD=1
+# temp files of a swap that was SIGKILLed: only a lock holder makes them, so any found now are orphans
+rm -f "$D"/.*.vgpu-patch-tmp.* "$S"/staging/*.part.* "$S"/backups/.*.tmp.*"""
+
+STAGE = f"""# no fsync: a staged copy is re-verified by hash below and simply re-uploaded after a crash
+cp "$UP" "$STG.part.$$" 2>&1 && mv -f "$STG.part.$$" "$STG" \\
+  || fail {WRITE} "copying the upload to $S/staging failed (disk full?)"
+rm -f "$UP"; SRC="$STG\""""
+
+VERIFY_SOURCE = f"""got=$(hash_of "$SRC")
+if [ "$got" != "$WANT" ]; then
+  [ -n "$UP" ] && rm -f "$STG"
+  fail {MISMATCH} "sha256 of $SRC is $got, expected $WANT"
+fi
+cur=""; [ -e "$LIVE" ] && cur=$(hash_of "$LIVE")
+if [ "$cur" = "$WANT" ]; then [ -n "$UP" ] && rm -f "$STG"; echo "@@noop"; exit 0; fi"""
+
+LOADS = f"""out=$(LD_PRELOAD="$SRC" /bin/true 2>&1); rc=$?
+case "$out" in *"cannot be preloaded"*|*"ERROR: ld.so"*) rc=127;; esac
+[ "$rc" -eq 0 ] || fail {NOLOAD} "LD_PRELOAD of the new file made /bin/true fail (exit $rc): $(printf '%s' "$out" | head -n 1)\""""
+
+
+def backup(manifest_printf: str) -> str:
+    """Back up what is live now (it may differ from the plan: HAMi's plugin rewrites the file in place,
+    outside any lock). The copy is hashed, so the backup's name and the history say what was replaced."""
+    return f"""BK=""; FROMJ=null
+if [ -e "$LIVE" ]; then
+  BTMP="$S/backups/.live.tmp.$$"
+  cp "$LIVE" "$BTMP" 2>&1 && chmod 0644 "$BTMP" || fail {WRITE} "backing up $LIVE failed (disk full?)"
+  cur=$(hash_of "$BTMP"); SIZE=$(stat -c %s "$BTMP"); CURJ="\\"$cur\\""; FROMJ="$CURJ"
+  BK="$S/backups/$cur.so"
+  if [ -f "$BK" ] && [ "$(hash_of "$BK")" = "$cur" ]; then
+    rm -f "$BTMP"
+  else
+    {manifest_printf} > "$BTMP.json" || fail {WRITE} "writing the backup manifest failed (disk full?)"
+    sync "$BTMP" "$BTMP.json" 2>/dev/null || sync
+    mv -f "$BTMP" "$BK" && mv -f "$BTMP.json" "$S/backups/$cur.json" || fail {WRITE} "storing the backup failed"
+  fi
+  BTMP=""
+fi"""
+
+
+SWAP = f"""cp "$SRC" "$TMP" 2>&1 || fail {WRITE} "writing $TMP failed (disk full?)"
+if [ -n "$cur" ]; then
+  chmod --reference="$LIVE" "$TMP" 2>/dev/null || chmod 0644 "$TMP"
+  [ "$(id -u)" = 0 ] && chown --reference="$LIVE" "$TMP" 2>/dev/null
+  if [ -e /sys/fs/selinux/enforce ] && command -v chcon >/dev/null 2>&1; then chcon --reference="$LIVE" "$TMP" 2>/dev/null; fi
+else
+  chmod 0644 "$TMP"
+fi
+sync "$TMP" "$S/backups" 2>/dev/null || sync  # the new file's bytes and the backup's name, before the rename
+out=$(mv -f "$TMP" "$LIVE" 2>&1) || fail {WRITE} "renaming $TMP over $LIVE failed ($out; EBUSY: $LIVE is a mount point, act on the host file)\""""
+
+REVERIFY = f"""got=$(hash_of "$LIVE")
+[ "$got" = "$WANT" ] || fail {VERIFY} "after the swap $LIVE has sha256 $got, expected $WANT\""""
+
+BYTE_COMPARE = (f"""if command -v cmp >/dev/null 2>&1; then cmp -s "$SRC" "$LIVE" """
+                f"""|| fail {VERIFY} "$LIVE differs from $SRC byte for byte"; fi""")
+
+
+def record(history_printf: str) -> str:
+    return f"""{history_printf} >> "$S/history.jsonl" \\
+  || fail {WRITE} "the swap is done but appending to $S/history.jsonl failed (disk full?)"
+sync "$D" "$S/history.jsonl" 2>/dev/null || sync  # the rename (directory) and the record
+[ -n "$UP" ] && rm -f "$STG"
+# uploads orphaned by a dropped connection that could not be cleaned up then: older than an hour
+[ -n "$UPDIR" ] && command -v find >/dev/null 2>&1 && find "$UPDIR" -maxdepth 1 -name '.vgpu-patch-upload-*' -mmin +60 -exec rm -f {{}} + 2>/dev/null
+true"""
+
+
+REPORT = f"""printf '@@ok %s %s %s\\n' "${{cur:--}}" "${{BK:--}}" "$(stat -c %i "$LIVE")"
+printf '\\n@@vgpu maps\\n'
+{maps_snippet()}
+exit 0"""
+
+
+def script(fragments: list[str]) -> str:
+    """The one script sent to the node: the plan's fragments, in order."""
+    return "\n".join(f for f in fragments if f) + "\n"
