@@ -179,13 +179,20 @@ def test_proxyjump_from_ssh_config(sshd_root: SSHD, fresh_sshd: SSHD, tmp_path: 
 
 
 def test_make_transport_resolves_ssh_config(tmp_path: Path) -> None:
-    import paramiko
+    from vgpu_patch.deploy.targets import SSHSettings
 
-    cfg = paramiko.SSHConfig.from_text("Host n1\n  HostName 10.1.2.3\n  Port 2222\n  User ops\n  IdentityFile ~/k\n")
-    t = make_transport(parse_host("n1"), config=cfg)
+    key = tmp_path / "k"
+    key.write_text("not used\n")
+    cfg = tmp_path / "cfg"
+    cfg.write_text(f"Host n1\n  HostName 10.1.2.3\n  Port 2222\n  User ops\n  IdentityFile {key}\n"
+                   f"  ConnectTimeout 7\n  UserKnownHostsFile {tmp_path}/kh1 {tmp_path}/kh2\n")
+    t = make_transport(parse_host("n1"), config=SSHSettings(config=str(cfg)))
     assert (t.hostname, t.port, t.user) == ("10.1.2.3", 2222, "ops")  # type: ignore[attr-defined]
-    assert t.key_filenames == [os.path.expanduser("~/k")]  # type: ignore[attr-defined]
-    t = make_transport(parse_host("admin@n1:22"), config=cfg)
+    assert t.key_filenames == [str(key)]  # type: ignore[attr-defined]
+    assert t.connect_timeout == 7.0  # type: ignore[attr-defined]
+    assert t.user_known_hosts == [f"{tmp_path}/kh1", f"{tmp_path}/kh2"]  # type: ignore[attr-defined]
+    assert "/etc/ssh/ssh_known_hosts" in t.global_known_hosts  # type: ignore[attr-defined]
+    t = make_transport(parse_host("admin@n1:22"), config=SSHSettings(config=str(cfg)))
     assert (t.port, t.user) == (22, "admin")  # type: ignore[attr-defined]
 
 

@@ -220,9 +220,16 @@ def deploy_file(
         if hooks and hooks.after_upload:
             hooks.after_upload(t.path(upload))
         _checkpoint(t, should_stop)
+    except BaseException:
+        _remove_upload(t, upload, redial=True)  # a partial or unused upload: nothing else will remove it
+        raise
+    try:
         state, mapped, bk, ino, replaced = _run_swap(t, S.script([st.sh for st in plan]), node_dir)
     except BaseException:
-        _remove_upload(t, upload)  # the script removes it itself; this covers failures before it ran
+        # the script removes the upload itself, and may still be running orphaned (it finishes a swap
+        # it started): only an intact link may remove it here
+        if _alive(t):
+            _remove_upload(t, upload, redial=False)
         raise
     if state == "noop":
         result.plan = [Step("noop", f"{live_path} reached sha256 {cand.sha256[:12]} meanwhile: nothing to do")]
@@ -233,12 +240,15 @@ def deploy_file(
     return result
 
 
-def _remove_upload(t: Transport, upload: str) -> None:
+def _remove_upload(t: Transport, upload: str, *, redial: bool) -> None:
     """Best effort, never masking the real failure: over a dropped link, one quick re-dial to remove it."""
     try:
-        redial = getattr(t, "redial_quickly", None)
-        if not _alive(t) and callable(redial):
-            redial()
+        if not _alive(t):
+            if not redial:
+                return
+            quick = getattr(t, "redial_quickly", None)
+            if callable(quick):
+                quick()
         t.run(f"rm -f {shlex.quote(t.path(upload))}", warn=True, timeout=15)
     except Exception:  # noqa: BLE001 - the swap script's sweep removes what is left after an hour
         pass

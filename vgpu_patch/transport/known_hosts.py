@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import base64
 import binascii
-import fnmatch
+import functools
 import hashlib
 import hmac
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Iterable
 
@@ -31,11 +32,17 @@ class Entry:
                     hit = True
                 continue
             neg = pat.startswith("!")
-            if fnmatch.fnmatchcase(name.lower(), pat.lstrip("!").lower()):
+            if _glob(pat.lstrip("!").lower()).fullmatch(name.lower()):
                 if neg:
                     return False
                 hit = True
         return hit
+
+
+@functools.lru_cache(maxsize=4096)
+def _glob(pattern: str) -> re.Pattern[str]:
+    """OpenSSH's host patterns know only `*` and `?` (brackets are literal: `[host]:port`)."""
+    return re.compile("".join(".*" if c == "*" else "." if c == "?" else re.escape(c) for c in pattern))
 
 
 def _hashed_match(pattern: str, name: str) -> bool:

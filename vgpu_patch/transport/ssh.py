@@ -311,6 +311,15 @@ class SSHTransport(Transport):
                 raise ConnectionFailure(f"{self.name}: connection lost during upload to {remote_path} ({e}); rerun") from e
             raise DeployError(f"{self.name}: upload to {remote_path} failed ({e}); check free space and permissions") from e
 
+    def redial_quickly(self, timeout: float = 5.0) -> None:
+        """Reconnect with a short timeout (to clean up after a dropped link); raises if that fails too."""
+        self.close()
+        saved, self.connect_timeout = self.connect_timeout, min(self.connect_timeout, timeout)
+        try:
+            self._connect()
+        finally:
+            self.connect_timeout = saved
+
     def _alive(self) -> bool:
         t = self._client.get_transport() if self._client is not None else None
         return bool(t is not None and t.is_active())
