@@ -20,12 +20,13 @@ def prepare(*, real_dir: str, live_real: str, want: str, upload_real: str | None
     return f"""D={q(real_dir)}; S="$D/{STATE}"; LIVE={q(live_real)}; WANT={q(want)}
 UP={q(upload_real or '')}; SRC={q(source_real or '')}; UPDIR={q(upload_dir or '')}
 NOW=$(date -u +%Y-%m-%dT%H:%M:%SZ); NOWJ="\\"$NOW\\""
-STG="$S/staging/$WANT.so"; TMP="$D/.${{LIVE##*/}}.vgpu-patch-tmp.$$"; BTMP=""; LOCKDIR=""; HELD=""
+STG="$S/staging/$WANT.so"; TMP="$D/.${{LIVE##*/}}.vgpu-patch-tmp.$$"; BTMP=""; LOCKDIR=""; HELD=""; LT=""
 trap '' HUP PIPE  # a dropped connection must not stop a swap half-way: finish it
 cleanup() {{
   rm -f "$TMP" "$STG.part.$$" ${{BTMP:+"$BTMP"}} ${{BTMP:+"$BTMP.json"}} ${{UP:+"$UP"}}
   [ -n "$HELD" ] && [ -n "$UP" ] && rm -f "$STG"   # our staged copy; only touched while holding the lock
   [ -n "$LOCKDIR" ] && rmdir "$LOCKDIR"
+  [ -n "$LT" ] && rm -rf "$LT"
 }}
 trap cleanup EXIT
 fail() {{ code=$1; shift; printf '@@err %s\\n' "$*"; exit "$code"; }}
@@ -70,7 +71,14 @@ fi
 cur=""; [ -e "$LIVE" ] && cur=$(hash_of "$LIVE")
 if [ "$cur" = "$WANT" ]; then [ -n "$UP" ] && rm -f "$STG"; echo "@@noop"; exit 0; fi"""
 
-LOADS = f"""out=$(LD_PRELOAD="$SRC" /bin/true 2>&1); rc=$?
+# LD_PRELOAD splits on spaces and colons: load the file through a link whose path has neither
+LOADS = f"""PRE="$SRC"
+case "$SRC" in *[[:space:]:]*)
+  LT=$(mktemp -d /tmp/.vgpu-patch-load.XXXXXX) || fail {WRITE} "cannot create a temp dir in /tmp"
+  ln -s "$SRC" "$LT/libvgpu.so" && PRE="$LT/libvgpu.so";;
+esac
+out=$(LD_PRELOAD="$PRE" /bin/true 2>&1); rc=$?
+[ -n "$LT" ] && rm -rf "$LT"
 case "$out" in *"cannot be preloaded"*|*"ERROR: ld.so"*) rc=127;; esac
 [ "$rc" -eq 0 ] || fail {NOLOAD} "LD_PRELOAD of the new file made /bin/true fail (exit $rc): $(printf '%s' "$out" | head -n 1)\""""
 
@@ -123,7 +131,7 @@ sync "$D" "$S/history.jsonl" 2>/dev/null || sync  # the rename (directory) and t
 true"""
 
 
-REPORT = f"""printf '@@ok %s %s %s\\n' "${{cur:--}}" "${{BK:--}}" "$(stat -c %i "$LIVE")"
+REPORT = f"""printf '@@ok\\t%s\\t%s\\t%s\\n' "${{cur:--}}" "${{BK:--}}" "$(stat -c %i "$LIVE")"
 printf '\\n@@vgpu maps\\n'
 {maps_snippet()}
 exit 0"""

@@ -138,10 +138,10 @@ def _run_swap(t: Transport, script: str, where: str) -> tuple[str, list[F.Mapped
     out = res.stdout
     if "@@noop" in out:
         return "noop", [], None, 0, None
-    line = next((ln for ln in out.splitlines() if ln.startswith("@@ok ")), None)
+    line = next((ln for ln in out.splitlines() if ln.startswith("@@ok\t")), None)
     if line is None:
         raise DeployError(f"{t.name}:{where}: the swap script ended without a result; check `vgpu-patch status`")
-    _, cur, bk, ino = line.split()
+    _, cur, bk, ino = line.split("\t")  # tabs: a backup path may hold spaces
     maps_part = out.split("@@vgpu maps", 1)[1] if "@@vgpu maps" in out else ""
     mapped = F.parse_maps([ln for ln in maps_part.splitlines() if ln.strip()])
     return "ok", mapped, (None if bk == "-" else bk), int(ino), (None if cur == "-" else cur)

@@ -140,7 +140,8 @@ class SSHTransport(Transport):
                     return self._client
             client = paramiko.SSHClient()
             kh = KnownHosts.load([*self.user_known_hosts, *self.global_known_hosts])
-            name = lookup_name(self.host_key_alias or self.hostname, self.port)
+            # OpenSSH looks a HostKeyAlias up as written (no port), else `[host]:port` off port 22
+            name = self.host_key_alias or lookup_name(self.hostname, self.port)
             as_paramiko = lookup_name(self.hostname, self.port)  # the name paramiko looks the key up by
             for e in kh.for_host(name):
                 try:
