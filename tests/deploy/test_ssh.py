@@ -284,3 +284,25 @@ def test_yaml_inventory_and_limit_through_the_cli(sshd_root: SSHD, fresh_sshd: S
     nodes = json.loads(res.stdout)["nodes"]
     assert [n["node"] for n in nodes] == [fresh_sshd.alias] and nodes[0]["status"] == "changed"
     assert (d / "libvgpu.so").read_bytes() == libs["v2"].read_bytes()
+
+
+@pytest.mark.parametrize("pty", [True, False], ids=["pty", "no-pty"])
+def test_password_sudo_through_the_fixed_prompt(tmp_path: Path, libs, pty: bool) -> None:
+    from sshd_harness import HarnessUnavailable, require_root
+
+    require_root()
+    try:
+        server = SSHD(tmp_path / "sshd", user="vgpupwsudo", create_user=True, sudo_password="s3cret pass")
+    except HarnessUnavailable as e:
+        pytest.skip(str(e))
+    d = lib_dir(tmp_path, libs["vendor"])
+    with server:
+        with pytest.raises(AuthFailure, match="--ask-become-pass"):  # no password: sudo -n refuses, says how
+            transport(server, use_sudo=None).run("id -u", sudo=True)
+        with transport(server, use_sudo=None, become_password="s3cret pass", pty_for_sudo=pty) as t:
+            res = t.run("id -u", sudo=True)
+            assert res.stdout == "0\n" and "s3cret" not in res.stdout + res.stderr  # never echoed
+            assert deploy_file(t, libs["v1"], str(d), operator="pw").changed
+        with pytest.raises(AuthFailure, match="rejected the password|sudo refused"):
+            transport(server, use_sudo=None, become_password="wrong", pty_for_sudo=pty).run("true", sudo=True)
+    assert (d / "libvgpu.so").read_bytes() == libs["v1"].read_bytes()

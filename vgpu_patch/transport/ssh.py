@@ -268,6 +268,8 @@ class SSHTransport(Transport):
                 err += data
             code = chan.recv_exit_status()
             chan.close()
+        except AuthFailure:
+            raise
         except socket.timeout as e:
             raise DeployError(f"{self.name}: command timed out after {timeout}s: {cmd.splitlines()[0][:80]}") from e
         except (OSError, paramiko.SSHException, EOFError) as e:
