@@ -6,12 +6,49 @@ from a `shlex.quote`d literal, so spaces, colons and quotes in paths are safe.
 """
 from __future__ import annotations
 
+import json
 import shlex
+from dataclasses import dataclass
 
-from .facts import STATE, maps_snippet
+from .facts import LIB, STATE, maps_snippet
 
 # exit codes of the swap script
 LOCKED, MISMATCH, NOLOAD, VERIFY, WRITE, UNSAFE = 75, 65, 66, 68, 71, 77
+
+
+@dataclass(frozen=True)
+class _Shell:
+    """A JSON value the swap script computes itself: a shell variable already holding JSON."""
+
+    var: str
+
+
+def _printf_json(doc: dict) -> str:
+    """A `printf` command writing `doc` as one JSON line, _Shell values filled in on the node."""
+    parts, args = [], []
+    for key, value in doc.items():
+        if isinstance(value, _Shell):
+            parts.append(f"{json.dumps(key)}: %s")
+            args.append(f'"${value.var}"')
+        else:  # a literal: escape what printf would interpret in its format
+            parts.append(f"{json.dumps(key)}: {json.dumps(value)}".replace("\\", "\\\\").replace("%", "%%"))
+    fmt = "{" + ", ".join(parts) + "}\\n"
+    return "printf " + shlex.quote(fmt) + "".join(" " + a for a in args)
+
+
+# computed by the script: NOWJ (its clock), CURJ/FROMJ (the file it replaced, or null), SIZE
+_NOW, _CUR, _FROM, _SIZE = _Shell("NOWJ"), _Shell("CURJ"), _Shell("FROMJ"), _Shell("SIZE")
+
+
+def history_printf(action: str, live_path: str, want: str, operator: str, tool: str) -> str:
+    return _printf_json({"time": _NOW, "action": action, "path": live_path, "from_sha256": _FROM,
+                         "to_sha256": want, "operator": operator, "tool": tool})
+
+
+def manifest_printf(live_path: str, operator: str, tool: str) -> str:
+    """backups/<sha256>.json (docs/node-state.md) for the file actually copied aside."""
+    return _printf_json({"sha256": _CUR, "size": _SIZE, "path": live_path, "saved_at": _NOW,
+                         "operator": operator, "tool": tool})
 
 
 def prepare(*, real_dir: str, live_real: str, want: str, upload_real: str | None, source_real: str | None,
@@ -140,3 +177,127 @@ exit 0"""
 def script(fragments: list[str]) -> str:
     """The one script sent to the node: the plan's fragments, in order."""
     return "\n".join(f for f in fragments if f) + "\n"
+
+
+# -- the rollback stack (also embedded, as source, in the Ansible role's script: one rule) --------------
+def rollback_stack(history):  # type: (list[dict]) -> list[str]
+    """The files a rollback can walk back through, oldest first: each swap pushes what it replaced, each
+    rollback to a file on the stack pops back to below it (deploy v1, v2; rollback, rollback = v1, vendor)."""
+    stack = []  # type: list[str]
+    for e in history:
+        frm, to = e.get("from_sha256"), e.get("to_sha256")
+        if not isinstance(to, str):
+            continue
+        if e.get("action") == "rollback" and to in stack:
+            del stack[len(stack) - 1 - stack[::-1].index(to):]
+            continue
+        if isinstance(frm, str) and frm != to and (not stack or stack[-1] != frm):
+            stack.append(frm)
+    return stack
+
+
+_PICK_MAIN = """
+import json, sys
+path, live, to = sys.argv[1:4]
+history = []
+try:
+    with open(path, "rb") as f:
+        for raw in f:
+            try:
+                doc = json.loads(raw.decode("utf-8"))
+            except ValueError:
+                continue  # a torn or undecodable line: skipped, as by the CLI
+            if isinstance(doc, dict):
+                history.append(doc)
+except IOError:
+    pass
+stack = [h for h in rollback_stack(history) if h != live]
+print((stack[0] if to == "vendor" else stack[-1]) if stack else "")
+"""
+
+
+def _pick_program() -> str:
+    import inspect
+
+    return inspect.getsource(rollback_stack) + _PICK_MAIN
+
+
+# -- the standalone script the Ansible role runs: the same fragments, parameters from variables --------
+AMBIGUOUS = 67
+
+STANDALONE_PROLOGUE = f"""# Parameters (set before this text): VGPU_DIR VGPU_ACTION (deploy|rollback) VGPU_WANT VGPU_UP VGPU_TO
+# VGPU_INSTALL (1: install where no library is) VGPU_OPERATOR_JSON VGPU_TOOL_JSON
+D=$VGPU_DIR; S="$D/{STATE}"; WANT=$VGPU_WANT; UP=$VGPU_UP; SRC=""; UPDIR=${{UP%/*}}
+NOW=$(date -u +%Y-%m-%dT%H:%M:%SZ); NOWJ="\\"$NOW\\""; OPJ=$VGPU_OPERATOR_JSON; TOOLJ=$VGPU_TOOL_JSON
+ACTJ="\\"$VGPU_ACTION\\""; BTMP=""; LOCKDIR=""; HELD=""; LT=""; TMP=""; STG="$S/staging/$WANT.so"
+trap '' HUP PIPE  # a dropped connection must not stop a swap half-way: finish it
+cleanup() {{
+  rm -f ${{TMP:+"$TMP"}} "$STG.part.$$" ${{BTMP:+"$BTMP"}} ${{BTMP:+"$BTMP.json"}} ${{UP:+"$UP"}}
+  [ -n "$HELD" ] && [ -n "$UP" ] && rm -f "$STG"
+  [ -n "$LOCKDIR" ] && rmdir "$LOCKDIR"
+  [ -n "$LT" ] && rm -rf "$LT"
+}}
+trap cleanup EXIT
+fail() {{ code=$1; shift; printf '@@err %s\\n' "$*"; exit "$code"; }}
+hash_of() {{ sha256sum < "$1" | cut -c1-64; }}
+umask 022"""
+
+# docs/node-state.md "The live file", in shell (the CLI applies the same rule in facts.choose_live)
+CHOOSE_LIVE = f"""[ -d "$D" ] || fail {WRITE} "$D is not a directory: is HAMi installed? set vgpu_patch_target_dir"
+n=0; V=""
+for f in "$D"/{LIB}.*; do [ -e "$f" ] || [ -L "$f" ] || continue; n=$((n + 1)); V=$f; done
+[ "$n" -le 1 ] || fail {AMBIGUOUS} "$D holds several versioned libraries ($(cd "$D" && ls -d {LIB}.* | tr '\\n' ' ')); HAMi's choice is unclear: remove the stale ones, then rerun"
+LIVE=${{V:-"$D/{LIB}"}}
+[ -L "$LIVE" ] && fail {AMBIGUOUS} "$LIVE is a symlink to $(readlink "$LIVE"); replace the file it points at or make it a regular file"
+[ -e "$LIVE" ] || [ "$VGPU_INSTALL" = 1 ] || fail {WRITE} "no {LIB} in $D to replace; check vgpu_patch_target_dir"
+if [ -f "$D/ld.so.preload" ]; then
+  for w in $(grep -v '^[[:space:]]*#' "$D/ld.so.preload" | tr ':' ' '); do
+    b=${{w##*/}}
+    case "$b" in {LIB}*) [ "$b" = {LIB} ] || [ "$b" = "${{LIVE##*/}}" ] \\
+      || fail {AMBIGUOUS} "ld.so.preload names $w but the live file is ${{LIVE##*/}}; fix ld.so.preload (or the plugin), then rerun";; esac
+  done
+fi
+TMP="$D/.${{LIVE##*/}}.vgpu-patch-tmp.$$"
+LIVEJ=$(printf '%s' "$LIVE" | sed 's/\\\\/\\\\\\\\/g; s/"/\\\\"/g'); LIVEJ="\\"$LIVEJ\\"\""""
+
+
+def _pick_fragment() -> str:
+    return f"""cur=""; [ -e "$LIVE" ] && cur=$(hash_of "$LIVE")
+case "$VGPU_TO" in
+  ""|previous|vendor)
+    command -v python3 >/dev/null 2>&1 || fail {WRITE} "python3 is needed on the node to read the rollback stack"
+    WANT=$(python3 -c {shlex.quote(_pick_program())} "$S/history.jsonl" "$cur" "${{VGPU_TO:-previous}}")
+    [ -n "$WANT" ] || fail {WRITE} "no earlier file to roll back to on this node (every recorded swap is rolled back, or none was recorded); pass vgpu_patch_rollback_to=SHA256";;
+  *)
+    set -- "$S"/backups/"$VGPU_TO"*.so
+    [ "$#" -eq 1 ] && [ -f "$1" ] || fail {WRITE} "no single backup matches $VGPU_TO in $S/backups; see status.yml"
+    WANT=${{1##*/}}; WANT=${{WANT%.so}};;
+esac
+SRC="$S/backups/$WANT.so\""""
+
+
+def standalone(action: str) -> str:
+    """The Ansible role's script for `deploy` or `rollback`: the CLI's fragments, one lock, one task."""
+    hist = _printf_json({"time": _NOW, "action": _Shell("ACTJ"), "path": _Shell("LIVEJ"), "from_sha256": _FROM,
+                         "to_sha256": _Shell("WANTJ"), "operator": _Shell("OPJ"), "tool": _Shell("TOOLJ")})
+    man = _printf_json({"sha256": _CUR, "size": _SIZE, "path": _Shell("LIVEJ"), "saved_at": _NOW,
+                        "operator": _Shell("OPJ"), "tool": _Shell("TOOLJ")})
+    parts = [STANDALONE_PROLOGUE, CHOOSE_LIVE, SAFE_STATE, LOCK]
+    if action == "deploy":
+        parts.append(STAGE)
+    else:
+        parts.append(_pick_fragment())
+    parts += ['WANTJ="\\"$WANT\\""', VERIFY_SOURCE, LOADS, backup(man), SWAP, REVERIFY]
+    if action == "rollback":
+        parts.append(BYTE_COMPARE)
+    parts += [record(hist), REPORT]
+    return "#!/bin/sh\n# Generated by `python3 -m vgpu_patch.deploy.script " + action + "`: do not edit.\n" + script(parts)
+
+
+if __name__ == "__main__":  # regenerate the Ansible role's copies
+    import sys
+    from pathlib import Path
+
+    out = Path(sys.argv[1]) if len(sys.argv) > 1 else Path("ansible/roles/vgpu_patch/files")
+    for act in ("deploy", "rollback"):
+        (out / f"vgpu-patch-{act}.sh").write_text(standalone(act))

@@ -77,39 +77,7 @@ class NodeStatus:
         return asdict(self)
 
 
-@dataclass(frozen=True)
-class _Shell:
-    """A JSON value the swap script computes itself: a shell variable already holding JSON."""
-
-    var: str
-
-
-def _printf_json(doc: dict) -> str:
-    """A `printf` command writing `doc` as one JSON line, _Shell values filled in on the node."""
-    parts, args = [], []
-    for key, value in doc.items():
-        if isinstance(value, _Shell):
-            parts.append(f"{json.dumps(key)}: %s")
-            args.append(f'"${value.var}"')
-        else:  # a literal: escape what printf would interpret in its format
-            parts.append(f"{json.dumps(key)}: {json.dumps(value)}".replace("\\", "\\\\").replace("%", "%%"))
-    fmt = "{" + ", ".join(parts) + "}\\n"
-    return "printf " + shlex.quote(fmt) + "".join(" " + a for a in args)
-
-
-# computed by the script: NOWJ (its clock), CURJ/FROMJ (the file it replaced, or null), SIZE
-_NOW, _CUR, _FROM, _SIZE = _Shell("NOWJ"), _Shell("CURJ"), _Shell("FROMJ"), _Shell("SIZE")
-
-
-def _history_printf(action: str, live_path: str, want: str, operator: str, tool: str) -> str:
-    return _printf_json({"time": _NOW, "action": action, "path": live_path, "from_sha256": _FROM,
-                         "to_sha256": want, "operator": operator, "tool": tool})
-
-
-def _manifest_printf(live_path: str, operator: str, tool: str) -> str:
-    """backups/<sha256>.json (docs/node-state.md) for the file actually copied aside."""
-    return _printf_json({"sha256": _CUR, "size": _SIZE, "path": live_path, "saved_at": _NOW,
-                         "operator": operator, "tool": tool})
+_history_printf, _manifest_printf = S.history_printf, S.manifest_printf
 
 
 def _raise_for(t: Transport, code: int, out: str, where: str) -> None:
@@ -260,20 +228,7 @@ def _alive(t: Transport) -> bool:
     return alive() if callable(alive) else True
 
 
-def rollback_stack(history: list[dict]) -> list[str]:
-    """The files a rollback can walk back through, oldest first: each swap pushes what it replaced, each
-    rollback to a file on the stack pops back to below it (deploy v1, v2; rollback, rollback = v1, vendor)."""
-    stack: list[str] = []
-    for e in history:
-        frm, to = e.get("from_sha256"), e.get("to_sha256")
-        if not isinstance(to, str):
-            continue
-        if e.get("action") == "rollback" and to in stack:
-            del stack[len(stack) - 1 - stack[::-1].index(to):]
-            continue
-        if isinstance(frm, str) and frm != to and (not stack or stack[-1] != frm):
-            stack.append(frm)
-    return stack
+rollback_stack = S.rollback_stack
 
 
 def choose_backup(facts: F.NodeFacts, live: F.LibFile | None, to_sha256: str | None, node: str) -> dict:
