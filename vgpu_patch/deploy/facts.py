@@ -93,8 +93,8 @@ def probe_script(real_dir: str, *, history: int = 20, maps: bool = True) -> str:
         " n=${f##*/};"
         " if [ -L \"$f\" ]; then printf 'L\\t%s\\t%s\\n' \"$n\" \"$(readlink \"$f\")\"; continue; fi;"
         " [ -f \"$f\" ] || continue;"
-        " h=$(sha256sum < \"$f\" | cut -c1-64);"
-        " v=$(tr -c '[:print:]' '\\n' < \"$f\" | grep '^vgpu-patch-shim ' | head -n 1);"
+        " h=$(sha256sum < \"$f\"); h=${h%% *};"
+        " v=$(grep -a -o -m 1 'vgpu-patch-shim [0-9A-Za-z.+~_-]*' \"$f\");"
         " printf 'F\\t%s\\t%s\\t%s\\t%s\\n' \"$n\" \"$h\" \"$(stat -c '%s %i %a %u %g' \"$f\")\" \"$v\";"
         " done",
         _section("preload"), "[ -f \"$D/ld.so.preload\" ] && { echo present; cat \"$D/ld.so.preload\"; }",
@@ -116,11 +116,11 @@ def probe_script(real_dir: str, *, history: int = 20, maps: bool = True) -> str:
 STATE_CHECK = (
     'UNSAFE=""; if [ -L "$S" ]; then UNSAFE=1; echo "$S is a symlink";'
     ' elif [ -d "$S" ]; then'
-    ' bad=$(find "$S" -type l -print 2>/dev/null | head -n 1);'
-    ' if [ -n "$bad" ]; then UNSAFE=1; echo "$bad is a symlink inside $S";'
-    ' elif [ "$(id -u)" = 0 ]; then'
-    ' bad=$(find "$S" \\( ! -user 0 -o -perm -002 -o \\( -type d -perm -020 \\) \\) -print 2>/dev/null | head -n 1);'
-    ' [ -n "$bad" ] && { UNSAFE=1; echo "$bad is not root\'s alone (owner $(stat -c %U "$bad"), mode $(stat -c %a "$bad"))"; };'
+    ' if [ "$(id -u)" = 0 ]; then'
+    ' bad=$(find "$S" \\( -type l -o ! -user 0 -o -perm -002 -o \\( -type d -perm -020 \\) \\) -print 2>/dev/null | head -n 1);'
+    ' else bad=$(find "$S" -type l -print 2>/dev/null | head -n 1); fi;'
+    ' if [ -L "$bad" ]; then UNSAFE=1; echo "$bad is a symlink inside $S";'
+    ' elif [ -n "$bad" ]; then UNSAFE=1; echo "$bad is not root\'s alone (owner $(stat -c %U "$bad"), mode $(stat -c %a "$bad"))";'
     ' fi; fi'
 )
 

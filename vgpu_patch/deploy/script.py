@@ -67,7 +67,8 @@ cleanup() {{
 }}
 trap cleanup EXIT
 fail() {{ code=$1; shift; printf '@@err %s\\n' "$*"; exit "$code"; }}
-hash_of() {{ sha256sum < "$1" | cut -c1-64; }}
+hash_of() {{ h=$(sha256sum < "$1") || return 1; printf '%s\\n' "${{h%% *}}"; }}
+ME=$(id -u)
 umask 022"""
 
 
@@ -78,11 +79,14 @@ if [ -L "$S" ] || {{ [ -e "$S" ] && [ ! -d "$S" ]; }}; then
   fail {UNSAFE} "$S is a symlink or not a directory: refusing to write through it; remove it (nothing changed)"
 fi
 mkdir -p "$S/backups" "$S/staging" || fail {WRITE} "cannot create $S"
-bad=$(find "$S" -type l -print 2>/dev/null | head -n 1)
-[ -z "$bad" ] || fail {UNSAFE} "$bad is a symlink inside $S: refusing to follow it; remove it (nothing changed)"
-if [ "$(id -u)" = 0 ]; then
-  bad=$(find "$S" \\( ! -user 0 -o -perm -002 -o \\( -type d -perm -020 \\) \\) -print 2>/dev/null | head -n 1)
-  [ -z "$bad" ] || fail {UNSAFE} "$bad is not root's alone (owner $(stat -c %U "$bad"), mode $(stat -c %a "$bad")): refusing to use it as root; chown -R root:root $S and chmod go-w, or remove it (nothing changed)"
+if [ "$ME" = 0 ]; then
+  bad=$(find "$S" \\( -type l -o ! -user 0 -o -perm -002 -o \\( -type d -perm -020 \\) \\) -print 2>/dev/null | head -n 1)
+else
+  bad=$(find "$S" -type l -print 2>/dev/null | head -n 1)
+fi
+if [ -n "$bad" ]; then
+  [ -L "$bad" ] && fail {UNSAFE} "$bad is a symlink inside $S: refusing to follow it; remove it (nothing changed)"
+  fail {UNSAFE} "$bad is not root's alone (owner $(stat -c %U "$bad"), mode $(stat -c %a "$bad")): refusing to use it as root; chown -R root:root $S and chmod go-w, or remove it (nothing changed)"
 fi"""
 
 LOCK = f"""if command -v flock >/dev/null 2>&1; then
@@ -143,7 +147,7 @@ fi"""
 SWAP = f"""cp "$SRC" "$TMP" 2>&1 || fail {WRITE} "writing $TMP failed (disk full?)"
 if [ -n "$cur" ]; then
   chmod --reference="$LIVE" "$TMP" 2>/dev/null || chmod 0644 "$TMP"
-  [ "$(id -u)" = 0 ] && chown --reference="$LIVE" "$TMP" 2>/dev/null
+  [ "$ME" = 0 ] && chown --reference="$LIVE" "$TMP" 2>/dev/null
   if [ -e /sys/fs/selinux/enforce ] && command -v chcon >/dev/null 2>&1; then chcon --reference="$LIVE" "$TMP" 2>/dev/null; fi
 else
   chmod 0644 "$TMP"
@@ -239,7 +243,8 @@ cleanup() {{
 }}
 trap cleanup EXIT
 fail() {{ code=$1; shift; printf '@@err %s\\n' "$*"; exit "$code"; }}
-hash_of() {{ sha256sum < "$1" | cut -c1-64; }}
+hash_of() {{ h=$(sha256sum < "$1") || return 1; printf '%s\\n' "${{h%% *}}"; }}
+ME=$(id -u)
 umask 022"""
 
 # docs/node-state.md "The live file", in shell (the CLI applies the same rule in facts.choose_live)

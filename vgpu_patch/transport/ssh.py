@@ -106,7 +106,7 @@ class SSHTransport(Transport):
         connect_timeout: float = 15.0,
         allow_agent: bool = True,
         name: str | None = None,
-        pty_for_sudo: bool = True,
+        pty_for_sudo: bool | None = None,
         use_sudo: bool | None = None,
     ) -> None:
         self.hostname = hostname
@@ -125,6 +125,7 @@ class SSHTransport(Transport):
         self.jump = jump
         self.connect_timeout = connect_timeout
         self.allow_agent = allow_agent
+        # None: sudo without a terminal, then (once, remembered) with one if sudoers says `requiretty`
         self.pty_for_sudo = pty_for_sudo
         # None: sudo for privileged steps unless logged in as root; False: the login user does them
         self.use_sudo = use_sudo
@@ -223,8 +224,19 @@ class SSHTransport(Transport):
         return self.use_sudo is True or self.user != "root"
 
     def run(self, cmd: str, *, sudo: bool = False, warn: bool = False, timeout: float | None = None) -> Result:
+        if not (self._needs_sudo(sudo) and self.pty_for_sudo is None):
+            return self._run(cmd, sudo=sudo, warn=warn, timeout=timeout)
+        try:
+            return self._run(cmd, sudo=sudo, warn=warn, timeout=timeout, pty=False)
+        except AuthFailure as e:
+            if "tty" not in str(e):  # sudo's "you must have a tty": sudoers has `requiretty`
+                raise
+        self.pty_for_sudo = True  # sudo refused before running anything: retrying is safe
+        return self._run(cmd, sudo=sudo, warn=warn, timeout=timeout)
+
+    def _run(self, cmd: str, *, sudo: bool, warn: bool, timeout: float | None, pty: bool | None = None) -> Result:
         wrapped = self._needs_sudo(sudo)
-        use_pty = wrapped and self.pty_for_sudo  # sudoers `requiretty` needs a terminal
+        use_pty = wrapped and bool(self.pty_for_sudo if pty is None else pty)  # sudoers `requiretty` needs one
         password = self.become_password if wrapped else None
         full = sudo_wrap(cmd, password=password is not None, stdin=not use_pty) if wrapped else cmd
         client = self._connect()

@@ -14,7 +14,8 @@ cleanup() {
 }
 trap cleanup EXIT
 fail() { code=$1; shift; printf '@@err %s\n' "$*"; exit "$code"; }
-hash_of() { sha256sum < "$1" | cut -c1-64; }
+hash_of() { h=$(sha256sum < "$1") || return 1; printf '%s\n' "${h%% *}"; }
+ME=$(id -u)
 umask 022
 [ -d "$D" ] || fail 71 "$D is not a directory: is HAMi installed? set vgpu_patch_target_dir"
 n=0; V=""
@@ -37,11 +38,14 @@ if [ -L "$S" ] || { [ -e "$S" ] && [ ! -d "$S" ]; }; then
   fail 77 "$S is a symlink or not a directory: refusing to write through it; remove it (nothing changed)"
 fi
 mkdir -p "$S/backups" "$S/staging" || fail 71 "cannot create $S"
-bad=$(find "$S" -type l -print 2>/dev/null | head -n 1)
-[ -z "$bad" ] || fail 77 "$bad is a symlink inside $S: refusing to follow it; remove it (nothing changed)"
-if [ "$(id -u)" = 0 ]; then
-  bad=$(find "$S" \( ! -user 0 -o -perm -002 -o \( -type d -perm -020 \) \) -print 2>/dev/null | head -n 1)
-  [ -z "$bad" ] || fail 77 "$bad is not root's alone (owner $(stat -c %U "$bad"), mode $(stat -c %a "$bad")): refusing to use it as root; chown -R root:root $S and chmod go-w, or remove it (nothing changed)"
+if [ "$ME" = 0 ]; then
+  bad=$(find "$S" \( -type l -o ! -user 0 -o -perm -002 -o \( -type d -perm -020 \) \) -print 2>/dev/null | head -n 1)
+else
+  bad=$(find "$S" -type l -print 2>/dev/null | head -n 1)
+fi
+if [ -n "$bad" ]; then
+  [ -L "$bad" ] && fail 77 "$bad is a symlink inside $S: refusing to follow it; remove it (nothing changed)"
+  fail 77 "$bad is not root's alone (owner $(stat -c %U "$bad"), mode $(stat -c %a "$bad")): refusing to use it as root; chown -R root:root $S and chmod go-w, or remove it (nothing changed)"
 fi
 if command -v flock >/dev/null 2>&1; then
   exec 9>>"$S/lock" || fail 71 "cannot open $S/lock"
@@ -130,7 +134,7 @@ fi
 cp "$SRC" "$TMP" 2>&1 || fail 71 "writing $TMP failed (disk full?)"
 if [ -n "$cur" ]; then
   chmod --reference="$LIVE" "$TMP" 2>/dev/null || chmod 0644 "$TMP"
-  [ "$(id -u)" = 0 ] && chown --reference="$LIVE" "$TMP" 2>/dev/null
+  [ "$ME" = 0 ] && chown --reference="$LIVE" "$TMP" 2>/dev/null
   if [ -e /sys/fs/selinux/enforce ] && command -v chcon >/dev/null 2>&1; then chcon --reference="$LIVE" "$TMP" 2>/dev/null; fi
 else
   chmod 0644 "$TMP"
