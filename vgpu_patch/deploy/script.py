@@ -229,7 +229,8 @@ def _pick_program() -> str:
 # -- the standalone script the Ansible role runs: the same fragments, parameters from variables --------
 AMBIGUOUS = 67
 
-STANDALONE_PROLOGUE = f"""# Parameters (set before this text): VGPU_DIR VGPU_ACTION (deploy|rollback) VGPU_WANT VGPU_UP VGPU_TO
+STANDALONE_PROLOGUE = f"""# Parameters (set before this text): VGPU_DIR VGPU_ACTION (deploy|rollback) VGPU_WANT VGPU_UP (a path, or -:
+# base64 on stdin) VGPU_TO
 # VGPU_INSTALL (1: install where no library is) VGPU_OPERATOR_JSON VGPU_TOOL_JSON
 D=$VGPU_DIR; S="$D/{STATE}"; WANT=$VGPU_WANT; UP=$VGPU_UP; SRC=""; UPDIR=${{UP%/*}}
 NOW=$(date -u +%Y-%m-%dT%H:%M:%SZ); NOWJ="\\"$NOW\\""; OPJ=$VGPU_OPERATOR_JSON; TOOLJ=$VGPU_TOOL_JSON
@@ -245,6 +246,11 @@ trap cleanup EXIT
 fail() {{ code=$1; shift; printf '@@err %s\\n' "$*"; exit "$code"; }}
 hash_of() {{ h=$(sha256sum < "$1") || return 1; printf '%s\\n' "${{h%% *}}"; }}
 ME=$(id -u)
+if [ "$UP" = - ]; then  # the candidate comes base64-encoded on stdin: saved 0600 (mktemp), removed by cleanup
+  UP=$(mktemp "${{TMPDIR:-/tmp}}/.vgpu-patch-upload-XXXXXXXXXX") || fail {WRITE} "cannot create an upload file in /tmp"
+  UPDIR=${{UP%/*}}
+  base64 -d > "$UP" || fail {WRITE} "receiving the candidate on stdin failed (disk full?)"
+fi
 umask 022"""
 
 # docs/node-state.md "The live file", in shell (the CLI applies the same rule in facts.choose_live)
