@@ -2,11 +2,10 @@
 from __future__ import annotations
 
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
-
 from fleet_helpers import LOGIN, Libs, Node, build_lib
 from sshd_harness import SSHD, available, start_many
 

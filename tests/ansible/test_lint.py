@@ -6,7 +6,6 @@ import shutil
 import subprocess
 
 import pytest
-
 from fleet_helpers import ANSIBLE_DIR
 
 PLAYBOOKS = ["deploy.yml", "rollback.yml", "status.yml"]

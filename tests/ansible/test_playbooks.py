@@ -8,7 +8,6 @@ import shutil
 from pathlib import Path
 
 import pytest
-
 from fleet_helpers import Libs, Node, run_playbook, write_inventory
 from node_fixtures import sha
 

@@ -5,7 +5,6 @@ import os
 from pathlib import Path
 
 import pytest
-
 from deploy_support import build_lib
 from sshd_harness import SSHD, HarnessUnavailable, available
 

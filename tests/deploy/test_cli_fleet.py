@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-
 from deploy_support import NO_SUDO, make_node, sha
 from sshd_harness import SSHD, known_hosts_file, start_many
+
 from vgpu_patch.cli import cli
 
 

@@ -9,8 +9,8 @@ import threading
 from pathlib import Path
 
 import pytest
-
 from deploy_support import assert_whole, leftovers, make_node, sha
+
 from vgpu_patch.deploy.swap import SwapHooks, deploy_file, node_status, rollback
 from vgpu_patch.errors import DeployError, IntegrityError, LockedError
 from vgpu_patch.transport.local import LocalTransport
@@ -219,7 +219,7 @@ def test_concurrent_deploys_one_wins(node, libs) -> None:
     def go(name: str) -> None:
         try:
             results[name] = deploy_file(LocalTransport(t.root), libs[name], DIR, operator=name, hooks=hooks)
-        except Exception as e:  # noqa: BLE001 - the test sorts them out
+        except Exception as e:
             results[name] = e
 
     threads = [threading.Thread(target=go, args=(n,)) for n in ("v1", "v2")]

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-
 from deploy_support import NO_SUDO, build_lib
 from sshd_harness import SSHD
+
 from vgpu_patch.cli import cli
 from vgpu_patch.deploy.targets import SSHSettings, make_transport, parse_host
 from vgpu_patch.errors import ConnectionFailure, HostKeyError
@@ -137,6 +137,7 @@ def test_hashed_known_hosts_names(sshd_root: SSHD, tmp_path: Path) -> None:
 def test_partial_upload_is_private_and_removed_when_the_link_is_cut(sshd_root: SSHD, tmp_path: Path, libs) -> None:
     """The upload is created 0600; a link cut mid-upload leaves no partial file behind (one re-dial removes it)."""
     from deploy_tcpproxy import CuttingProxy
+
     from vgpu_patch.deploy import swap
     from vgpu_patch.transport.ssh import SSHTransport
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-
 from deploy_support import make_node, sha
+
 from vgpu_patch.cli import cli
 from vgpu_patch.deploy.fleet import Policy, run_fleet, stop_requested
 from vgpu_patch.deploy.swap import deploy_file, rollback

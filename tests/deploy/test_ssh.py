@@ -2,16 +2,15 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-
 from deploy_support import IS_ROOT, NO_SUDO, assert_whole, build_lib, leftovers, sha
-from sshd_harness import SSHD, known_hosts_file
 from deploy_tcpproxy import CuttingProxy
+from sshd_harness import SSHD, known_hosts_file
+
 from vgpu_patch.cli import cli
 from vgpu_patch.deploy.swap import deploy_file, node_status, rollback
 from vgpu_patch.deploy.targets import make_transport, parse_host
@@ -68,9 +67,8 @@ def test_sudo_user_with_requiretty(sshd_sudo: SSHD, tmp_path: Path, libs) -> Non
 
 def test_sudo_refused_is_auth_failure(sshd_nosudo: SSHD, tmp_path: Path, libs) -> None:
     d = lib_dir(tmp_path, libs["vendor"])
-    with transport(sshd_nosudo) as t:
-        with pytest.raises(AuthFailure, match="sudo refused"):
-            deploy_file(t, libs["v1"], str(d), operator="x")
+    with transport(sshd_nosudo) as t, pytest.raises(AuthFailure, match="sudo refused"):
+        deploy_file(t, libs["v1"], str(d), operator="x")
     assert_whole(d / "libvgpu.so", libs["vendor"])
 
 

@@ -60,5 +60,6 @@ def cli(file: str, install: bool, check: bool, expect_sha256: str | None, operat
     if as_json:
         emit_json({"file": str(cand.path), "sha256": cand.sha256, "dry_run": dry_run, **fleet.to_dict()})
     else:
-        swap_table(fleet, f"vgpu-patch deploy {cand.path.name} ({cand.sha256[:12]})" + (" --dry-run" if dry_run else ""))
+        title = f"vgpu-patch deploy {cand.path.name} ({cand.sha256[:12]})" + (" --dry-run" if dry_run else "")
+        swap_table(fleet, title)
     raise SystemExit(fleet.exit_code(dry_run=dry_run))

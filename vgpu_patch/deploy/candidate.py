@@ -62,8 +62,8 @@ def _glibc_needs(path: Path) -> tuple[tuple[int, int] | None, bool]:
         names = _version_needs(path)
     private = any("GLIBC_PRIVATE" in n for n in names)
     # GLIBC_ABI_DT_RELR marks a library a loader older than 2.36 refuses
-    versions = [(2, 36) if n == "GLIBC_ABI_DT_RELR" else parse_glibc(n) for n in names if "PRIVATE" not in n]
-    versions = [v for v in versions if v]
+    found = [(2, 36) if n == "GLIBC_ABI_DT_RELR" else parse_glibc(n) for n in names if "PRIVATE" not in n]
+    versions = [v for v in found if v is not None]
     return (max(versions) if versions else None), private
 
 
@@ -135,4 +135,5 @@ def verify_expected(cand: Candidate, expect_sha256: str | None = None) -> None:
     recorded = doc.get("sha256") if isinstance(doc, dict) else None
     if not isinstance(recorded, str) or recorded.lower() != cand.sha256:
         raise IntegrityError(f"{cand.path}: sha256 {cand.sha256[:12]} does not match its build manifest {manifest} "
-                             f"({str(recorded)[:12]}); the file changed after the build: rebuild it; no node was touched")
+                             f"({str(recorded)[:12]}); the file changed after the build: rebuild it; "
+                             f"no node was touched")

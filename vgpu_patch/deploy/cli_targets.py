@@ -4,9 +4,10 @@ from __future__ import annotations
 import getpass
 import socket
 import sys
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Callable
 
 import click
 
@@ -83,9 +84,8 @@ def progress(total: int, label: str) -> Iterator[Callable[[NodeOutcome], None]]:
     if total < 2 or not sys.stderr.isatty():
         yield lambda o: None
         return
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
     from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=Console(file=sys.stderr), transient=True) as bar:

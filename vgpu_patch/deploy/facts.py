@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import shlex
 from dataclasses import dataclass, field
-from typing import Callable
 
 from ..errors import DeployError
 from ..transport.base import Transport
@@ -117,10 +116,12 @@ STATE_CHECK = (
     'UNSAFE=""; if [ -L "$S" ]; then UNSAFE=1; echo "$S is a symlink";'
     ' elif [ -d "$S" ]; then'
     ' if [ "$(id -u)" = 0 ]; then'
-    ' bad=$(find "$S" \\( -type l -o ! -user 0 -o -perm -002 -o \\( -type d -perm -020 \\) \\) -print 2>/dev/null | head -n 1);'
+    ' bad=$(find "$S" \\( -type l -o ! -user 0 -o -perm -002 -o \\( -type d -perm -020 \\) \\) -print 2>/dev/null'
+    ' | head -n 1);'
     ' else bad=$(find "$S" -type l -print 2>/dev/null | head -n 1); fi;'
     ' if [ -L "$bad" ]; then UNSAFE=1; echo "$bad is a symlink inside $S";'
-    ' elif [ -n "$bad" ]; then UNSAFE=1; echo "$bad is not root\'s alone (owner $(stat -c %U "$bad"), mode $(stat -c %a "$bad"))";'
+    ' elif [ -n "$bad" ]; then UNSAFE=1;'
+    ' echo "$bad is not root\'s alone (owner $(stat -c %U "$bad"), mode $(stat -c %a "$bad"))";'
     ' fi; fi'
 )
 
@@ -154,7 +155,8 @@ def parse_files(lines: list[str], node_dir: str) -> list[LibFile]:
             size, inode, mode, uid, gid = cols[2].split()
             ver = cols[3].split(" ", 1)[1] if len(cols) > 3 and " " in cols[3] else None
             files.append(
-                LibFile(cols[0], f"{node_dir}/{cols[0]}", cols[1], int(size), int(inode), mode, int(uid), int(gid), None, ver)
+                LibFile(cols[0], f"{node_dir}/{cols[0]}", cols[1], int(size), int(inode), mode, int(uid), int(gid),
+                        None, ver)
             )
     return files
 
@@ -192,7 +194,9 @@ def _json_lines(lines: list[str], warnings: list[str] | None = None, what: str =
 
 def parse(text: str, node_dir: str) -> NodeFacts:
     sec = _split_sections(text)
-    one: Callable[[str], str] = lambda k: (sec.get(k) or [""])[0].strip()
+    def one(k: str) -> str:
+        return (sec.get(k) or [""])[0].strip()
+
     facts = NodeFacts(target_dir=node_dir)
     facts.arch = one("arch")
     facts.glibc = parse_glibc(one("glibc"))
@@ -242,7 +246,8 @@ def choose_live(facts: NodeFacts, node: str) -> LibFile | None:
     if len(versioned) > 1:
         names = ", ".join(f.name for f in versioned)
         raise DeployError(
-            f"{where}: several versioned libraries ({names}); HAMi's choice is unclear: remove the stale ones, then rerun"
+            f"{where}: several versioned libraries ({names}); HAMi's choice is unclear: "
+            f"remove the stale ones, then rerun"
         )
     live = versioned[0] if versioned else facts.file(LIB)
     if live is not None and live.link_to is not None:

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable
 
 from ..errors import EXIT_FAILED, EXIT_OK, EXIT_PARTIAL, FleetError, StopRequested, UsageError, VgpuPatchError
 from ..transport.base import Transport
@@ -209,7 +210,8 @@ def run_fleet(
     with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
         for k, batch in enumerate(batches):
             failed["batch"] = 0
-            list(pool.map(lambda i, size=len(batch): one(i, size), batch))
+            size = len(batch)
+            list(pool.map(lambda i: one(i, size), batch))  # noqa: B023 - used before the loop moves on
             if not stop.is_set() and policy.exceeded(failed["total"], failed["batch"], len(batch), batch_done=True):
                 stop.set()
             if stop.is_set() or k == len(batches) - 1:

@@ -32,12 +32,13 @@ def _ansible() -> Any:
     try:
         os.environ.setdefault("ANSIBLE_INVENTORY_UNPARSED_FAILED", "true")  # a source nobody can parse: an error
         os.environ.setdefault("ANSIBLE_HOST_PATTERN_MISMATCH", "ignore")
-        from ansible import constants
-        from ansible.errors import AnsibleError
-        from ansible.inventory.manager import InventoryManager
-        from ansible.parsing.dataloader import DataLoader
-        from ansible.template import Templar
-        from ansible.vars.manager import VariableManager
+        from ansible.errors import AnsibleError  # type: ignore[import-untyped,attr-defined,unused-ignore]
+        from ansible.inventory.manager import InventoryManager  # type: ignore[import-untyped,attr-defined,unused-ignore]
+        from ansible.parsing.dataloader import DataLoader  # type: ignore[import-untyped,attr-defined,unused-ignore]
+        from ansible.template import Templar  # type: ignore[import-untyped,attr-defined,unused-ignore]
+        from ansible.vars.manager import VariableManager  # type: ignore[import-untyped,attr-defined,unused-ignore]
+
+        from ansible import constants  # type: ignore[import-untyped,attr-defined,unused-ignore]
     except ImportError as e:
         raise UsageError(
             f"--inventory needs ansible-core to read the inventory as Ansible does ({e}): "

@@ -5,8 +5,8 @@ shows exactly what the real run sends, and the swap script is nothing but the pl
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 from ..errors import DeployError
 from .candidate import Candidate
@@ -38,7 +38,8 @@ def preflight(facts: NodeFacts, cand: Candidate, node: str, live: LibFile | None
     if cand.glibc_needed and facts.glibc and cand.glibc_needed > facts.glibc:
         need, have = ".".join(map(str, cand.glibc_needed)), ".".join(map(str, facts.glibc))
         raise DeployError(
-            f"{node}: {cand.path.name} needs GLIBC_{need} but the node has glibc {have}; build with a glibc floor <= {have}"
+            f"{node}: {cand.path.name} needs GLIBC_{need} but the node has glibc {have}; "
+            f"build with a glibc floor <= {have}"
         )
     if live is None and not install:
         raise DeployError(f"{where}: no {LIB} here to replace; check --target-dir, or pass --install to install one")
@@ -89,7 +90,8 @@ def plan_swap(
         + ("" if live is not None else " (new install)"),
         S.SWAP,
     )
-    yield Step("verify", f"verify sha256 of {live_path} is {want_sha[:12]}"
-               + (", and byte for byte" if byte_compare else ""), S.REVERIFY + ("\n" + S.BYTE_COMPARE if byte_compare else ""))
+    bytewise = ", and byte for byte" if byte_compare else ""
+    check = S.REVERIFY + ("\n" + S.BYTE_COMPARE if byte_compare else "")
+    yield Step("verify", f"verify sha256 of {live_path} is {want_sha[:12]}{bytewise}", check)
     yield Step("record", f"append to {state}/history.jsonl", S.record(history_printf))
     yield Step("report", "print the result and the processes mapping the library", S.REPORT)

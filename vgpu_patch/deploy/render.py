@@ -2,11 +2,15 @@
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING, cast
 
 from rich.console import Console
 from rich.table import Table
 
 from .fleet import FleetResult
+
+if TYPE_CHECKING:
+    from .swap import NodeStatus
 
 _STYLE = {"changed": "green", "unchanged": "cyan", "ok": "green", "pending": "yellow", "failed": "bold red",
           "skipped": "dim"}
@@ -36,7 +40,7 @@ def swap_table(fleet: FleetResult, title: str) -> None:
             elif plan and plan[0].kind == "noop":
                 detail = plan[0].text
             elif getattr(r, "path", None):
-                detail = r.path  # type: ignore[union-attr]
+                detail = str(getattr(r, "path", ""))
         table.add_row(
             o.node,
             f"[{_STYLE.get(o.status, '')}]{o.status}[/]",
@@ -56,16 +60,16 @@ def status_table(fleet: FleetResult) -> None:
     for col in ("node", "live file", "sha256", "build", "backups", "last change", "restart needed", "note"):
         table.add_column(col, overflow="fold")
     for o in fleet.outcomes:
-        s = o.result
+        s = cast("NodeStatus | None", o.result)
         if s is None:
             table.add_row(o.node, "-", "-", "-", "-", "-", "-", f"[bold red]{o.error}[/]")
             continue
-        last = s.history[-1] if s.history else None  # type: ignore[union-attr]
+        last = s.history[-1] if s.history else None
         last_txt = f"{last.get('action')} {last.get('time')} by {last.get('operator')}" if last else "-"
-        build = f"ours {s.version}" if s.ours else ("vendor" if s.sha256 else "-")  # type: ignore[union-attr]
-        stale = len(s.stale_pids)  # type: ignore[union-attr]
+        build = f"ours {s.version}" if s.ours else ("vendor" if s.sha256 else "-")
+        stale = len(s.stale_pids)
         table.add_row(
-            o.node, s.path or "-", _short(s.sha256), build, str(len(s.backups)), last_txt,  # type: ignore[union-attr]
-            f"[yellow]{stale} process(es)[/]" if stale else "0", s.problem or "",  # type: ignore[union-attr]
+            o.node, s.path or "-", _short(s.sha256), build, str(len(s.backups)), last_txt,
+            f"[yellow]{stale} process(es)[/]" if stale else "0", s.problem or "",
         )
     _console().print(table)

@@ -80,13 +80,15 @@ if [ -L "$S" ] || {{ [ -e "$S" ] && [ ! -d "$S" ]; }}; then
 fi
 mkdir -p "$S/backups" "$S/staging" || fail {WRITE} "cannot create $S"
 if [ "$ME" = 0 ]; then
-  bad=$(find "$S" \\( -type l -o ! -user 0 -o -perm -002 -o \\( -type d -perm -020 \\) \\) -print 2>/dev/null | head -n 1)
+  bad=$(find "$S" \\( -type l -o ! -user 0 -o -perm -002 -o \\( -type d -perm -020 \\) \\) -print 2>/dev/null \\
+    | head -n 1)
 else
   bad=$(find "$S" -type l -print 2>/dev/null | head -n 1)
 fi
 if [ -n "$bad" ]; then
   [ -L "$bad" ] && fail {UNSAFE} "$bad is a symlink inside $S: refusing to follow it; remove it (nothing changed)"
-  fail {UNSAFE} "$bad is not root's alone (owner $(stat -c %U "$bad"), mode $(stat -c %a "$bad")): refusing to use it as root; chown -R root:root $S and chmod go-w, or remove it (nothing changed)"
+  m="$bad is not root's alone (owner $(stat -c %U "$bad"), mode $(stat -c %a "$bad")): refusing to use it as root;"
+  fail {UNSAFE} "$m chown -R root:root $S and chmod go-w, or remove it (nothing changed)"
 fi"""
 
 LOCK = f"""if command -v flock >/dev/null 2>&1; then
@@ -121,7 +123,8 @@ esac
 out=$(LD_PRELOAD="$PRE" /bin/true 2>&1); rc=$?
 [ -n "$LT" ] && rm -rf "$LT"
 case "$out" in *"cannot be preloaded"*|*"ERROR: ld.so"*) rc=127;; esac
-[ "$rc" -eq 0 ] || fail {NOLOAD} "LD_PRELOAD of the new file made /bin/true fail (exit $rc): $(printf '%s' "$out" | head -n 1)\""""
+[ "$rc" -eq 0 ] \\
+  || fail {NOLOAD} "LD_PRELOAD of the new file made /bin/true fail (exit $rc): $(printf '%s' "$out" | head -n 1)\""""
 
 
 def backup(manifest_printf: str) -> str:
@@ -148,12 +151,15 @@ SWAP = f"""cp "$SRC" "$TMP" 2>&1 || fail {WRITE} "writing $TMP failed (disk full
 if [ -n "$cur" ]; then
   chmod --reference="$LIVE" "$TMP" 2>/dev/null || chmod 0644 "$TMP"
   [ "$ME" = 0 ] && chown --reference="$LIVE" "$TMP" 2>/dev/null
-  if [ -e /sys/fs/selinux/enforce ] && command -v chcon >/dev/null 2>&1; then chcon --reference="$LIVE" "$TMP" 2>/dev/null; fi
+  if [ -e /sys/fs/selinux/enforce ] && command -v chcon >/dev/null 2>&1; then
+    chcon --reference="$LIVE" "$TMP" 2>/dev/null
+  fi
 else
   chmod 0644 "$TMP"
 fi
 sync "$TMP" "$S/backups" 2>/dev/null || sync  # the new file's bytes and the backup's name, before the rename
-out=$(mv -f "$TMP" "$LIVE" 2>&1) || fail {WRITE} "renaming $TMP over $LIVE failed ($out; EBUSY: $LIVE is a mount point, act on the host file)\""""
+out=$(mv -f "$TMP" "$LIVE" 2>&1) \\
+  || fail {WRITE} "renaming $TMP over $LIVE failed ($out; EBUSY: $LIVE is a mount point, act on the host file)\""""
 
 REVERIFY = f"""got=$(hash_of "$LIVE")
 [ "$got" = "$WANT" ] || fail {VERIFY} "after the swap $LIVE has sha256 $got, expected $WANT\""""
@@ -168,7 +174,8 @@ def record(history_printf: str) -> str:
 sync "$D" "$S/history.jsonl" 2>/dev/null || sync  # the rename (directory) and the record
 [ -n "$UP" ] && rm -f "$STG"
 # uploads orphaned by a dropped connection that could not be cleaned up then: older than an hour
-[ -n "$UPDIR" ] && command -v find >/dev/null 2>&1 && find "$UPDIR" -maxdepth 1 -name '.vgpu-patch-upload-*' -mmin +60 -exec rm -f {{}} + 2>/dev/null
+[ -n "$UPDIR" ] && command -v find >/dev/null 2>&1 \\
+  && find "$UPDIR" -maxdepth 1 -name '.vgpu-patch-upload-*' -mmin +60 -exec rm -f {{}} + 2>/dev/null
 true"""
 
 
@@ -229,8 +236,8 @@ def _pick_program() -> str:
 # -- the standalone script the Ansible role runs: the same fragments, parameters from variables --------
 AMBIGUOUS = 67
 
-STANDALONE_PROLOGUE = f"""# Parameters (set before this text): VGPU_DIR VGPU_ACTION (deploy|rollback) VGPU_WANT VGPU_UP (a path, or -:
-# base64 on stdin) VGPU_TO
+STANDALONE_PROLOGUE = f"""# Parameters (set before this text): VGPU_DIR VGPU_ACTION (deploy|rollback) VGPU_WANT
+# VGPU_UP (a path, or -: base64 on stdin) VGPU_TO
 # VGPU_INSTALL (1: install where no library is) VGPU_OPERATOR_JSON VGPU_TOOL_JSON
 D=$VGPU_DIR; S="$D/{STATE}"; WANT=$VGPU_WANT; UP=$VGPU_UP; SRC=""; UPDIR=${{UP%/*}}
 NOW=$(date -u +%Y-%m-%dT%H:%M:%SZ); NOWJ="\\"$NOW\\""; OPJ=$VGPU_OPERATOR_JSON; TOOLJ=$VGPU_TOOL_JSON
@@ -257,15 +264,18 @@ umask 022"""
 CHOOSE_LIVE = f"""[ -d "$D" ] || fail {WRITE} "$D is not a directory: is HAMi installed? set vgpu_patch_target_dir"
 n=0; V=""
 for f in "$D"/{LIB}.*; do [ -e "$f" ] || [ -L "$f" ] || continue; n=$((n + 1)); V=$f; done
-[ "$n" -le 1 ] || fail {AMBIGUOUS} "$D holds several versioned libraries ($(cd "$D" && ls -d {LIB}.* | tr '\\n' ' ')); HAMi's choice is unclear: remove the stale ones, then rerun"
+m="$D holds several versioned libraries ($(cd "$D" && ls -d {LIB}.* | tr '\\n' ' '));"
+[ "$n" -le 1 ] || fail {AMBIGUOUS} "$m HAMi's choice is unclear: remove the stale ones, then rerun"
 LIVE=${{V:-"$D/{LIB}"}}
-[ -L "$LIVE" ] && fail {AMBIGUOUS} "$LIVE is a symlink to $(readlink "$LIVE"); replace the file it points at or make it a regular file"
+[ -L "$LIVE" ] \\
+  && fail {AMBIGUOUS} "$LIVE is a symlink to $(readlink "$LIVE"); replace the file it points at, or make it a file"
 [ -e "$LIVE" ] || [ "$VGPU_INSTALL" = 1 ] || fail {WRITE} "no {LIB} in $D to replace; check vgpu_patch_target_dir"
 if [ -f "$D/ld.so.preload" ]; then
   for w in $(grep -v '^[[:space:]]*#' "$D/ld.so.preload" | tr ':' ' '); do
     b=${{w##*/}}
     case "$b" in {LIB}*) [ "$b" = {LIB} ] || [ "$b" = "${{LIVE##*/}}" ] \\
-      || fail {AMBIGUOUS} "ld.so.preload names $w but the live file is ${{LIVE##*/}}; fix ld.so.preload (or the plugin), then rerun";; esac
+      || fail {AMBIGUOUS} "ld.so.preload names $w but the live file is ${{LIVE##*/}}; fix ld.so.preload, then rerun";;
+    esac
   done
 fi
 TMP="$D/.${{LIVE##*/}}.vgpu-patch-tmp.$$"
@@ -278,7 +288,8 @@ case "$VGPU_TO" in
   ""|previous|vendor)
     command -v python3 >/dev/null 2>&1 || fail {WRITE} "python3 is needed on the node to read the rollback stack"
     WANT=$(python3 -c {shlex.quote(_pick_program())} "$S/history.jsonl" "$cur" "${{VGPU_TO:-previous}}")
-    [ -n "$WANT" ] || fail {WRITE} "no earlier file to roll back to on this node (every recorded swap is rolled back, or none was recorded); pass vgpu_patch_rollback_to=SHA256";;
+    m="no earlier file to roll back to on this node (every recorded swap is rolled back, or none was recorded);"
+    [ -n "$WANT" ] || fail {WRITE} "$m pass vgpu_patch_rollback_to=SHA256";;
   *)
     set -- "$S"/backups/"$VGPU_TO"*.so
     [ "$#" -eq 1 ] && [ -f "$1" ] || fail {WRITE} "no single backup matches $VGPU_TO in $S/backups; see status.yml"
@@ -302,7 +313,8 @@ def standalone(action: str) -> str:
     if action == "rollback":
         parts.append(BYTE_COMPARE)
     parts += [record(hist), REPORT]
-    return "#!/bin/sh\n# Generated by `python3 -m vgpu_patch.deploy.script " + action + "`: do not edit.\n" + script(parts)
+    head = f"#!/bin/sh\n# Generated by `python3 -m vgpu_patch.deploy.script` ({action}): do not edit.\n"
+    return head + script(parts)
 
 
 if __name__ == "__main__":  # regenerate the Ansible role's copies

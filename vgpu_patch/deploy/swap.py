@@ -6,7 +6,6 @@ happens before the rename or is a read-only re-check after it, so a failure leav
 """
 from __future__ import annotations
 
-import json
 import secrets
 import shlex
 from dataclasses import asdict, dataclass, field
@@ -84,7 +83,8 @@ def _raise_for(t: Transport, code: int, out: str, where: str) -> None:
     msg = next((ln[6:].strip() for ln in out.splitlines() if ln.startswith("@@err ")), "") or first_line(out)
     if code == _LOCKED:
         raise LockedError(
-            f"{t.name}: another deploy or rollback holds {where}/{F.STATE}/lock; wait for it and rerun (nothing changed)"
+            f"{t.name}: another deploy or rollback holds {where}/{F.STATE}/lock; "
+            f"wait for it and rerun (nothing changed)"
         )
     if code == _MISMATCH:
         raise IntegrityError(f"{t.name}: {msg}; the upload was corrupted, live file untouched: rerun")
@@ -218,7 +218,7 @@ def _remove_upload(t: Transport, upload: str, *, redial: bool) -> None:
             if callable(quick):
                 quick()
         t.run(f"rm -f {shlex.quote(t.path(upload))}", warn=True, timeout=15)
-    except Exception:  # noqa: BLE001 - the swap script's sweep removes what is left after an hour
+    except Exception:
         pass
 
 
@@ -249,8 +249,8 @@ def choose_backup(facts: F.NodeFacts, live: F.LibFile | None, to_sha256: str | N
         pick = stack[0] if want == "vendor" else stack[-1]
         b = facts.backup(pick)
         if b is None:
-            raise DeployError(f"{where}: the backup of {pick[:12]} ({want}) is missing from "
-                              f"{facts.target_dir}/{F.STATE}/backups; pick another with --to SHA256, nothing was changed")
+            raise DeployError(f"{where}: the backup of {pick[:12]} ({want}) is missing from {facts.target_dir}/"
+                              f"{F.STATE}/backups; pick another with --to SHA256, nothing was changed")
         return b
     if len(want) < 6 or any(c not in "0123456789abcdef" for c in want):
         raise UsageError(f"--to {to_sha256}: give previous, vendor, or at least 6 hex digits of a backup's sha256")
@@ -335,4 +335,4 @@ def node_status(t: Transport, target_dir: str = DEFAULT_DIR, *, history: int = 5
     )
 
 
-__all__ = ["deploy_file", "rollback", "node_status", "SwapResult", "NodeStatus", "SwapHooks", "Candidate"]
+__all__ = ["Candidate", "NodeStatus", "SwapHooks", "SwapResult", "deploy_file", "node_status", "rollback"]

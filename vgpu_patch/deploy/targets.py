@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Iterable
 
 from ..errors import UsageError
 from ..transport.base import Transport
@@ -32,7 +32,9 @@ class HostSpec:
 
 
 # -- --host user@node[:port] ----------------------------------------------------------------------
-_HOST_RE = re.compile(r"^(?:(?P<user>[^@\s]+)@)?(?:\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<host>[^:@\s\[\]]+))(?::(?P<port>\d+))?$")
+_HOST_RE = re.compile(
+    r"^(?:(?P<user>[^@\s]+)@)?(?:\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<host>[^:@\s\[\]]+))(?::(?P<port>\d+))?$"
+)
 
 
 def parse_host(text: str) -> HostSpec:
@@ -106,13 +108,12 @@ def make_transport(
         identities=tuple(identity) or (config.identities if config else ()),
         become_password=become_password or (config.become_password if config else None),
     )
-    return _ssh_transport(spec.name, resolve(spec, settings), settings,
-                          use_sudo=use_sudo if use_sudo is not None else spec.use_sudo, given=spec.hostname or spec.name)
+    sudo = use_sudo if use_sudo is not None else spec.use_sudo
+    return _ssh_transport(spec.name, resolve(spec, settings), settings, use_sudo=sudo, given=spec.hostname or spec.name)
 
 
 def _ssh_transport(name: str, opts: SSHOptions, settings: SSHSettings, *, use_sudo: bool | None,
                    given: str) -> Transport:
-    from ..transport.ssh import SSHTransport
 
     jump = None
     if opts.proxy_jump and not opts.proxy_command:

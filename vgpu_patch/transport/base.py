@@ -82,14 +82,14 @@ class Transport(ABC):
     def get(self, remote_path: str, local_path: Path | str) -> None:
         """Copy a node file to a local path."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional hook: most transports hold nothing
         """Release connections; the transport may be used again (it reconnects)."""
 
     def path(self, node_path: str) -> str:
         """Where a node path really lives for commands run by this transport (a fake root maps it)."""
         return node_path
 
-    def __enter__(self) -> "Transport":
+    def __enter__(self) -> Transport:
         return self
 
     def __exit__(self, *exc: object) -> None:

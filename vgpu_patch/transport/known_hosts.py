@@ -11,8 +11,8 @@ import hashlib
 import hmac
 import os
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Iterable
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,8 @@ import hashlib
 import os
 import socket
 import threading
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import paramiko
 
@@ -80,7 +80,8 @@ def _open_private(sftp: paramiko.SFTPClient, path: str) -> paramiko.SFTPFile:
 
     attrs = paramiko.SFTPAttributes()
     attrs.st_mode = 0o600
-    t, msg = sftp._request(CMD_OPEN, path, SFTP_FLAG_WRITE | SFTP_FLAG_CREATE | SFTP_FLAG_EXCL, attrs)
+    flags = SFTP_FLAG_WRITE | SFTP_FLAG_CREATE | SFTP_FLAG_EXCL
+    t, msg = sftp._request(CMD_OPEN, path, flags, attrs)  # type: ignore[attr-defined]
     if t != CMD_HANDLE:
         raise paramiko.SFTPError("Expected handle")
     return paramiko.SFTPFile(sftp, msg.get_binary(), "wb", -1)
@@ -99,7 +100,7 @@ class SSHTransport(Transport):
         known_hosts: Path | str | Sequence[str] | None = None,
         global_known_hosts: Sequence[str] | None = None,
         accept_new_host_keys: bool = False,
-        jump: "SSHTransport | None" = None,
+        jump: SSHTransport | None = None,
         proxy_command: str | None = None,
         host_key_alias: str | None = None,
         become_password: str | None = None,
@@ -113,7 +114,10 @@ class SSHTransport(Transport):
         self.port = port
         self.user = user or os.environ.get("USER") or "root"
         self.key_filenames = [os.path.expanduser(k) for k in key_filenames]
-        files = [str(known_hosts)] if isinstance(known_hosts, (str, Path)) else list(known_hosts or [DEFAULT_KNOWN_HOSTS])
+        if isinstance(known_hosts, (str, Path)):
+            files = [str(known_hosts)]
+        else:
+            files = list(known_hosts or [DEFAULT_KNOWN_HOSTS])
         self.user_known_hosts = [os.path.expanduser(f) for f in files]
         self.known_hosts = Path(self.user_known_hosts[0])  # where an accepted new key is written
         gkh = DEFAULT_GLOBAL_KNOWN_HOSTS if global_known_hosts is None else global_known_hosts
@@ -136,9 +140,9 @@ class SSHTransport(Transport):
     # -- connection ---------------------------------------------------------------------------
     def _connect(self) -> paramiko.SSHClient:
         with self._lock:
-            if self._client is not None and self._client.get_transport() is not None:
-                if self._client.get_transport().is_active():
-                    return self._client
+            live = self._client.get_transport() if self._client is not None else None
+            if live is not None and live.is_active():
+                return self._client  # type: ignore[return-value]
             client = paramiko.SSHClient()
             kh = KnownHosts.load([*self.user_known_hosts, *self.global_known_hosts])
             # OpenSSH looks a HostKeyAlias up as written (no port), else `[host]:port` off port 22
@@ -146,7 +150,8 @@ class SSHTransport(Transport):
             as_paramiko = lookup_name(self.hostname, self.port)  # the name paramiko looks the key up by
             for e in kh.for_host(name):
                 try:
-                    client.get_host_keys().add(as_paramiko, e.key_type, paramiko.PKey.from_type_string(e.key_type, e.key_blob))
+                    key = paramiko.PKey.from_type_string(e.key_type, e.key_blob)
+                    client.get_host_keys().add(as_paramiko, e.key_type, key)
                 except (paramiko.SSHException, ValueError, TypeError):
                     continue  # a key type paramiko does not know: OpenSSH would not offer it either
             client.set_missing_host_key_policy(
@@ -156,7 +161,7 @@ class SSHTransport(Transport):
             if missing:
                 raise AuthFailure(f"{self.name}: identity file {missing[0]} does not exist; fix IdentityFile, "
                                   f"ansible_ssh_private_key_file or -i")
-            sock: object = None
+            sock: paramiko.ProxyCommand | paramiko.Channel | None = None
             if self.proxy_command:
                 try:
                     sock = paramiko.ProxyCommand(self.proxy_command)
@@ -179,7 +184,7 @@ class SSHTransport(Transport):
                     self.hostname,
                     port=self.port,
                     username=self.user,
-                    key_filename=self.key_filenames or None,
+                    key_filename=self.key_filenames or None,  # type: ignore[arg-type]  # a list is accepted
                     look_for_keys=not self.key_filenames,
                     allow_agent=self.allow_agent,
                     timeout=self.connect_timeout,
@@ -323,8 +328,10 @@ class SSHTransport(Transport):
         except OSError as e:
             if not self._alive():
                 self.close()
-                raise ConnectionFailure(f"{self.name}: connection lost during upload to {remote_path} ({e}); rerun") from e
-            raise DeployError(f"{self.name}: upload to {remote_path} failed ({e}); check free space and permissions") from e
+                raise ConnectionFailure(
+                    f"{self.name}: connection lost during upload to {remote_path} ({e}); rerun") from e
+            raise DeployError(
+                f"{self.name}: upload to {remote_path} failed ({e}); check free space and permissions") from e
 
     def redial_quickly(self, timeout: float = 5.0) -> None:
         """Reconnect with a short timeout (to clean up after a dropped link); raises if that fails too."""
@@ -347,8 +354,9 @@ class SSHTransport(Transport):
                 sftp.get(remote_path, str(local_path))
             finally:
                 sftp.close()
-        except IOError as e:
+        except OSError as e:
             raise DeployError(f"{self.name}: download of {remote_path} failed ({e})") from e
         except (paramiko.SSHException, EOFError) as e:
             self.close()
-            raise ConnectionFailure(f"{self.name}: connection lost during download of {remote_path} ({e}); rerun") from e
+            raise ConnectionFailure(
+                f"{self.name}: connection lost during download of {remote_path} ({e}); rerun") from e

@@ -7,9 +7,9 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
 
 from ..errors import UsageError
 
@@ -40,7 +40,10 @@ def _none(v: str | None) -> str | None:
 
 
 def _from_pairs(host: str, pairs: dict[str, list[str]], source: str) -> SSHOptions:
-    one = lambda k: (pairs.get(k) or [None])[0]  # noqa: E731
+    def one(k: str) -> str | None:
+        values = pairs.get(k)
+        return values[0] if values else None
+
     timeout = _none(one("connecttimeout"))
     strict = (one("stricthostkeychecking") or "ask").lower()
     strict = {"true": "yes", "false": "no", "off": "no", "on": "yes"}.get(strict, strict)
