@@ -39,7 +39,7 @@ def setup_nodes(base: Path, servers: list[SSHD], lib: Path, missing: set[int] = 
         if i not in missing:
             shutil.copyfile(lib, d / "libvgpu.so")
         dirs.append(d)
-        lines.append(f"{s.alias} {s.inventory_vars()} vgpu_target_dir={d}")
+        lines.append(f"{s.alias} {s.inventory_vars()} vgpu_patch_target_dir={d}")
     inv = base / "hosts.ini"
     inv.write_text("\n".join(lines) + "\n")
     known_hosts_file(servers, base / "known_hosts")

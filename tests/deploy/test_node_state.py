@@ -133,3 +133,18 @@ def test_local_upload_is_private_and_never_follows_a_link(tmp_path: Path, libs) 
     assert (tmp_path / "root" / str(tmp_path / "target").lstrip("/")).read_bytes() == libs["v1"].read_bytes()
     with pytest.raises(DeployError, match="upload to /tmp/up failed"):  # O_EXCL: never reuses a file
         t.put(libs["v1"], "/tmp/up")
+
+
+def test_status_cli_warns_about_undecodable_lines_on_stderr(tmp_path: Path, libs) -> None:
+    import subprocess
+    import sys
+
+    t, d = _node(tmp_path, libs)
+    deploy_file(t, libs["v1"], DIR, operator="a")
+    hist = d / ".vgpu-patch" / "history.jsonl"
+    hist.write_bytes(hist.read_bytes() + b"\xff\xfe not utf-8\n")
+    proc = subprocess.run([sys.executable, "-m", "vgpu_patch.cli", "status", "--local", str(t.root), "--json"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["nodes"][0]["result"]["sha256"] == sha(libs["v1"])
+    assert "not valid UTF-8" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
