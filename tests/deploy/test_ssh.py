@@ -303,4 +303,10 @@ def test_password_sudo_through_the_fixed_prompt(tmp_path: Path, libs, pty: bool)
             assert deploy_file(t, libs["v1"], str(d), operator="pw").changed
         with pytest.raises(AuthFailure, match="rejected the password|sudo refused"):
             transport(server, use_sudo=None, become_password="wrong", pty_for_sudo=pty).run("true", sudo=True)
-    assert (d / "libvgpu.so").read_bytes() == libs["v1"].read_bytes()
+        if pty:  # through the CLI: -K asks once (hidden, on stderr), then sudo's prompt on the node is answered
+            res = CliRunner().invoke(cli, ["deploy", "--no-check", "-K", "--host", server.target, "-i", str(server.key_path),
+                                           "--known-hosts", str(server.known_hosts), "--target-dir", str(d), "--json",
+                                           str(libs["v2"])], input="s3cret pass\n")
+            assert res.exit_code == 0, res.output
+            assert json.loads(res.stdout[res.stdout.index("{"):])["nodes"][0]["status"] == "changed"
+    assert (d / "libvgpu.so").read_bytes() == libs["v2" if pty else "v1"].read_bytes()
