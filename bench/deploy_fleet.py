@@ -77,12 +77,13 @@ def cli(inv: Path, kh: Path, lib: Path, parallel: int, sudo: bool) -> float:
     return took
 
 
-def xargs(servers, dirs: list[Path], lib: Path, cfg: Path, parallel: int, sudo: bool) -> float:  # type: ignore[no-untyped-def]
+def xargs(servers: list, dirs: list[Path], lib: Path, cfg: Path, parallel: int, sudo: bool) -> float:
     lines = "".join(f"{s.alias} {d / 'libvgpu.so'}\n" for s, d in zip(servers, dirs))
     pre = "sudo " if sudo else ""
     inner = f'ssh -F {cfg} "$1" "{pre}sh -c \'cat > $2.new && cp $2.new $2\'" < {lib}'
     start = time.perf_counter()
-    subprocess.run(["xargs", "-P", str(parallel), "-L", "1", "sh", "-c", inner, "_"], input=lines, text=True, check=True)
+    argv = ["xargs", "-P", str(parallel), "-L", "1", "sh", "-c", inner, "_"]
+    subprocess.run(argv, input=lines, text=True, check=True)
     return time.perf_counter() - start
 
 
@@ -126,12 +127,13 @@ def main() -> None:
             for n in counts:
                 dirs = [base / "lib" / str(i) for i in range(n)]
                 inv = inventory(servers[:n], dirs, base / f"hosts{n}.ini")
-                runs = [("xargs", lambda: xargs(servers[:n], dirs, libs[1], cfg, 50, sudo)),
-                        ("cli", lambda: cli(inv, kh, libs[1], 50, sudo))]
+                fleet, d, i = servers[:n], dirs, inv
+                runs = [("xargs", lambda f=fleet, d=d: xargs(f, d, libs[1], cfg, 50, sudo)),
+                        ("cli", lambda i=i: cli(i, kh, libs[1], 50, sudo))]
                 if r % 2:
                     runs.reverse()  # interleaved: neither goes first every time
                 if n == args.ansible:
-                    runs.append(("ansible", lambda: ansible(inv, libs[1], 50, sudo)))
+                    runs.append(("ansible", lambda i=i: ansible(i, libs[1], 50, sudo)))
                 for name, fn in runs:
                     reset(dirs, libs[0])
                     took = fn()
@@ -145,7 +147,8 @@ def main() -> None:
         c50 = best.get("cli(50)")
         if c50:
             if "xargs(50)" in best:
-                print(f"cli(50) / xargs(50)   = {c50 / best['xargs(50)']:.2f}  (target <= 1.0; and cli(50) <= 5 s quiet)")
+                ratio = c50 / best["xargs(50)"]
+                print(f"cli(50) / xargs(50)   = {ratio:.2f}  (target <= 1.0; and cli(50) <= 5 s quiet)")
             if "cli(100)" in best:
                 print(f"cli(100) / cli(50)    = {best['cli(100)'] / c50:.2f}  (target <= 2.2)")
             if "ansible(50)" in best:

@@ -4,6 +4,7 @@ ProxyCommand through a bastion (a second sshd), HostKeyAlias, ConnectTimeout, Gl
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import hmac
 import json
@@ -78,12 +79,13 @@ def test_connect_timeout_from_ssh_config(tmp_path: Path) -> None:
 
 def _transport(server: SSHD, tmp_path: Path, user_kh: str, global_kh: Path | None = None):
     cfg = tmp_path / "cfg"
-    lines = [f"Host n\n  HostName 127.0.0.1\n  Port {server.port}\n  User {server.user}\n  IdentityFile {server.key_path}",
-             f"  UserKnownHostsFile {user_kh}"]
+    lines = [f"Host n\n  HostName 127.0.0.1\n  Port {server.port}\n  User {server.user}",
+             f"  IdentityFile {server.key_path}\n  UserKnownHostsFile {user_kh}"]
     if global_kh is not None:
         lines.append(f"  GlobalKnownHostsFile {global_kh}")
     cfg.write_text("\n".join(lines) + "\n")
-    t = make_transport(parse_host("n"), config=SSHSettings(config=str(cfg)), use_sudo=None if os.geteuid() == 0 else False)
+    sudo = None if os.geteuid() == 0 else False
+    t = make_transport(parse_host("n"), config=SSHSettings(config=str(cfg)), use_sudo=sudo)
     t.allow_agent = False  # type: ignore[attr-defined]
     return t
 
@@ -153,10 +155,8 @@ def test_partial_upload_is_private_and_removed_when_the_link_is_cut(sshd_root: S
         def watch(proxy: CuttingProxy = proxy) -> None:  # the mode of the partial file, while it is written
             while not proxy.cut.is_set():
                 for p in set(Path(swap.UPLOAD_DIR).glob(".vgpu-patch-upload-*")) - before:
-                    try:
+                    with contextlib.suppress(FileNotFoundError):
                         modes.append(p.stat().st_mode & 0o777)
-                    except FileNotFoundError:
-                        pass
                 time.sleep(0.002)
 
         import threading

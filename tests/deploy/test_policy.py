@@ -147,7 +147,8 @@ def test_expect_sha256_and_build_manifest(tmp_path: Path, libs) -> None:
 def test_dry_run_json_carries_the_exact_commands(tmp_path: Path, libs) -> None:
     root = tmp_path / "root"
     make_node(root, libs["vendor"])
-    res = CliRunner().invoke(cli, ["deploy", "--no-check", "--local", str(root), "--dry-run", "--json", str(libs["v1"])])
+    args = ["deploy", "--no-check", "--local", str(root), "--dry-run", "--json", str(libs["v1"])]
+    res = CliRunner().invoke(cli, args)
     assert res.exit_code == 1
     plan = json.loads(res.stdout)["nodes"][0]["result"]["plan"]
     kinds = [s["kind"] for s in plan]
