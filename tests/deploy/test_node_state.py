@@ -148,3 +148,12 @@ def test_status_cli_warns_about_undecodable_lines_on_stderr(tmp_path: Path, libs
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["nodes"][0]["result"]["sha256"] == sha(libs["v1"])
     assert "not valid UTF-8" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_ld_so_preload_symlink_is_never_read(tmp_path: Path, libs) -> None:
+    t, d = _node(tmp_path, libs)
+    secret = tmp_path / "secret"
+    secret.write_text("/x/libvgpu-secret-token.so\n")
+    (d / "ld.so.preload").symlink_to(secret)
+    r = deploy_file(t, libs["v1"], DIR, operator="a")  # read, the line would refuse the deploy
+    assert r.changed and "secret" not in json.dumps(r.to_dict())

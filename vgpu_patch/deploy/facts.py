@@ -96,7 +96,9 @@ def probe_script(real_dir: str, *, history: int = 20, maps: bool = True) -> str:
         " v=$(grep -a -o -m 1 'vgpu-patch-shim [0-9A-Za-z.+~_-]*' \"$f\");"
         " printf 'F\\t%s\\t%s\\t%s\\t%s\\n' \"$n\" \"$h\" \"$(stat -c '%s %i %a %u %g' \"$f\")\" \"$v\";"
         " done",
-        _section("preload"), "[ -f \"$D/ld.so.preload\" ] && { echo present; cat \"$D/ld.so.preload\"; }",
+        # never read through a symlink (as root it could point anywhere): a linked ld.so.preload is not read
+        _section("preload"),
+        "[ -f \"$D/ld.so.preload\" ] && [ ! -L \"$D/ld.so.preload\" ] && { echo present; cat \"$D/ld.so.preload\"; }",
         _section("state"), STATE_CHECK,
         _section("backups"),
         "[ -n \"$UNSAFE\" ] || for j in \"$S\"/backups/*.json; do [ -f \"$j\" ] || continue; h=${j##*/}; h=${h%.json};"

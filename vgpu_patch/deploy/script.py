@@ -270,7 +270,7 @@ LIVE=${{V:-"$D/{LIB}"}}
 [ -L "$LIVE" ] \\
   && fail {AMBIGUOUS} "$LIVE is a symlink to $(readlink "$LIVE"); replace the file it points at, or make it a file"
 [ -e "$LIVE" ] || [ "$VGPU_INSTALL" = 1 ] || fail {WRITE} "no {LIB} in $D to replace; check vgpu_patch_target_dir"
-if [ -f "$D/ld.so.preload" ]; then
+if [ -f "$D/ld.so.preload" ] && [ ! -L "$D/ld.so.preload" ]; then
   for w in $(grep -v '^[[:space:]]*#' "$D/ld.so.preload" | tr ':' ' '); do
     b=${{w##*/}}
     case "$b" in {LIB}*) [ "$b" = {LIB} ] || [ "$b" = "${{LIVE##*/}}" ] \\
