@@ -30,8 +30,6 @@ _warned_old_var = False
 
 def _ansible() -> Any:
     try:
-        os.environ.setdefault("ANSIBLE_INVENTORY_UNPARSED_FAILED", "true")  # a source nobody can parse: an error
-        os.environ.setdefault("ANSIBLE_HOST_PATTERN_MISMATCH", "ignore")
         from ansible.errors import AnsibleError  # type: ignore[import-untyped,attr-defined,unused-ignore]
         from ansible.inventory.manager import InventoryManager  # type: ignore[import-untyped,attr-defined,unused-ignore]
         from ansible.parsing.dataloader import DataLoader  # type: ignore[import-untyped,attr-defined,unused-ignore]
@@ -59,7 +57,9 @@ def load_inventory(sources: str | Path | list[str | Path], limit: str | None = N
         if "," not in s and not os.path.exists(s):
             raise UsageError(f"--inventory {s}: no such file or directory")
     constants, AnsibleError, InventoryManager, DataLoader, Templar, VariableManager = _ansible()
-    constants.INVENTORY_UNPARSED_IS_FAILED = True
+    # set on ansible-core's constants, never in os.environ (child processes must not inherit them)
+    constants.INVENTORY_UNPARSED_IS_FAILED = True  # a source nobody can parse: an error, not a warning
+    constants.HOST_PATTERN_MISMATCH = "ignore"  # --limit matching nothing: our own one-line error
     loader = DataLoader()
     try:
         inventory = InventoryManager(loader=loader, sources=srcs)
