@@ -1,17 +1,23 @@
-"""Swap a library onto 1, 10 and 50 loopback sshd nodes in parallel, and compare with a naive loop.
+"""Swap a library onto 50 and 100 loopback sshd nodes: the CLI against a plain `xargs -P` OpenSSH loop and
+against the Ansible role, on the same fleet, in one run, interleaved, as ratios.
 
-Each node is a real OpenSSH sshd on 127.0.0.1 (tests/sshd_harness.py) with its own library dir.
-"ours" = the full protocol per node (probe, upload, sha256 on the node, backup, atomic swap,
-re-verify, history), through `vgpu_patch.deploy.fleet.run_fleet` with --parallel workers.
-"naive" = a sequential `ssh node 'sudo sh -c "cat > tmp; cp tmp live"' < file` loop with the OpenSSH
-client: no checks, no backup, an in-place cp (what the tool exists to avoid), one connection per node.
+Each node is a real OpenSSH sshd on 127.0.0.1 (tests/sshd_harness.py) with its own library dir, logged in
+as an unprivileged user with sudo (as root; as another user, the current user without sudo).
+"cli"     = `vgpu-patch deploy -I hosts.ini --no-check --parallel P` in a fresh process: the whole
+            protocol per node (ssh -G, probe, upload, sha256 on the node, backup, atomic swap, re-verify,
+            history), startup and inventory reading (ansible-core) included.
+"xargs"   = `xargs -P N` running `ssh node 'sudo sh -c "cat > tmp; cp tmp live"' < lib`: no checks, no
+            backup, an in-place cp (what the tool exists to avoid), one OpenSSH connection per node.
+"ansible" = `ansible-playbook deploy.yml` with serial 100% and forks = N.
 
-    python3 bench/deploy_fleet.py [--nodes 1,10,50] [--parallel 10,50] [--size-kib 512]
-Target: 50 nodes swapped and verified in <= 5 s on 2 cores.
+    python3 bench/deploy_fleet.py [--nodes 50,100] [--rounds 2] [--ansible 50] [--size-kib 512]
+Targets (issue 13): cli(50) <= xargs(50) and <= 5 s on a quiet 2-core machine; cli(100) <= 2.2 x cli(50);
+ansible(50) <= 10 x cli(50).
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import subprocess
@@ -24,10 +30,6 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
 from sshd_harness import known_hosts_file, ssh_config_file, start_many
-
-from vgpu_patch.deploy.fleet import run_fleet
-from vgpu_patch.deploy.swap import deploy_file
-from vgpu_patch.deploy.targets import HostSpec, make_transport
 
 
 def build(out: Path, version: int, size_kib: int) -> Path:
@@ -48,75 +50,109 @@ def reset(dirs: list[Path], lib: Path) -> None:
         shutil.copyfile(lib, d / "libvgpu.so")
 
 
-def ours(servers, dirs, lib: Path, known_hosts: Path, parallel: int) -> float:
-    specs = [HostSpec(name=s.alias, hostname=s.host, port=s.port, user=s.user, key_files=[str(s.key_path)],
-                      target_dir=str(d)) for s, d in zip(servers, dirs)]
+def inventory(servers, dirs: list[Path], path: Path) -> Path:  # type: ignore[no-untyped-def]
+    lines = ["[gpu]"] + [f"{s.alias} {s.inventory_vars()} vgpu_patch_target_dir={d} "
+                         f"ansible_python_interpreter={sys.executable}" for s, d in zip(servers, dirs)]
+    path.write_text("\n".join(lines) + "\n")
+    return path
 
-    def op(t, spec):  # type: ignore[no-untyped-def]
-        r = deploy_file(t, lib, spec.target_dir, operator="bench")
-        return ("changed" if r.changed else "unchanged"), r
 
-    connect = lambda spec: make_transport(spec, known_hosts=str(known_hosts))  # noqa: E731
-    start = time.perf_counter()
-    res = run_fleet(specs, op, connect, parallel=parallel, canary=0)
-    took = time.perf_counter() - start
-    bad = [o for o in res.outcomes if o.status != "changed"]
-    if bad:
-        raise SystemExit(f"bench: {len(bad)} node(s) did not change: {bad[0].error}")
+def check(dirs: list[Path], lib: Path, what: str) -> None:
     want = lib.read_bytes()
-    assert all((d / "libvgpu.so").read_bytes() == want for d in dirs)
+    bad = [d for d in dirs if (d / "libvgpu.so").read_bytes() != want]
+    if bad:
+        raise SystemExit(f"bench: {what}: {len(bad)} node(s) do not have the new file, e.g. {bad[0]}")
+
+
+def cli(inv: Path, kh: Path, lib: Path, parallel: int, sudo: bool) -> float:
+    cmd = [sys.executable, "-m", "vgpu_patch.cli", "deploy", "-I", str(inv), "--known-hosts", str(kh), "--no-check",
+           "--canary", "0", "--parallel", str(parallel), "--json", str(lib)] + ([] if sudo else ["--no-sudo"])
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    took = time.perf_counter() - start
+    if proc.returncode != 0:
+        doc = json.loads(proc.stdout) if proc.stdout.startswith("{") else {}
+        raise SystemExit(f"bench: cli exit {proc.returncode}: {doc.get('counts')} {proc.stderr[-500:]}")
     return took
 
 
-def naive(servers, dirs, lib: Path, ssh_config: Path) -> float:
+def xargs(servers: list, dirs: list[Path], lib: Path, cfg: Path, parallel: int, sudo: bool) -> float:
+    lines = "".join(f"{s.alias} {d / 'libvgpu.so'}\n" for s, d in zip(servers, dirs))
+    pre = "sudo " if sudo else ""
+    inner = f'ssh -F {cfg} "$1" "{pre}sh -c \'cat > $2.new && cp $2.new $2\'" < {lib}'
     start = time.perf_counter()
-    for s, d in zip(servers, dirs):
-        live = d / "libvgpu.so"
-        cmd = f"sudo sh -c 'cat > {live}.new; cp {live}.new {live}'"
-        with open(lib, "rb") as f:
-            subprocess.run(["ssh", "-F", str(ssh_config), s.alias, cmd], stdin=f, check=True)
+    argv = ["xargs", "-P", str(parallel), "-L", "1", "sh", "-c", inner, "_"]
+    subprocess.run(argv, input=lines, text=True, check=True)
     return time.perf_counter() - start
+
+
+def ansible(inv: Path, lib: Path, forks: int, sudo: bool) -> float:
+    env = {**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible" / "ansible.cfg"), "ANSIBLE_FORKS": str(forks),
+           "ANSIBLE_NOCOLOR": "1"}
+    extra = json.dumps({"vgpu_patch_library": str(lib), "vgpu_patch_serial": "100%", "vgpu_patch_become": sudo})
+    start = time.perf_counter()
+    proc = subprocess.run(["ansible-playbook", "-i", str(inv), "deploy.yml", "-e", extra], cwd=REPO / "ansible",
+                          capture_output=True, text=True, env=env)
+    took = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise SystemExit(f"bench: ansible-playbook exit {proc.returncode}: {proc.stdout[-1500:]}")
+    return took
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--nodes", default="1,10,50")
-    ap.add_argument("--parallel", default="10,50")
+    ap.add_argument("--nodes", default="50,100")
+    ap.add_argument("--rounds", type=int, default=2, help="interleaved repetitions; the best of each is reported")
+    ap.add_argument("--ansible", type=int, default=50, help="fleet size for the Ansible run (0: skip)")
     ap.add_argument("--size-kib", type=int, default=512, help="size of the library deployed")
     args = ap.parse_args()
     counts = [int(x) for x in args.nodes.split(",")]
-    parallels = [int(x) for x in args.parallel.split(",")]
     base = Path(tempfile.mkdtemp(prefix="vgpu-bench-"))
+    base.chmod(0o755)
     servers = []
     try:
         t0 = time.perf_counter()
-        # A login user with /bin/sh and a sudo rule, as on real nodes. (Logging in as root here would
-        # also time root's ~/.bashrc, which bash sources for every ssh command: 0.3 s on dev boxes.)
         login = dict(user="vgpubench", create_user=True, sudo=True) if os.geteuid() == 0 else {}
-        if not login:
-            print("not root: logging in as the current user (its shell rc files are timed too)")
+        sudo = bool(login)
         servers = start_many(max(counts), base / "sshd", **login)
-        print(f"started {len(servers)} sshd in {time.perf_counter() - t0:.2f}s; cpus={os.cpu_count()}")
+        print(f"started {len(servers)} sshd in {time.perf_counter() - t0:.1f}s; cpus={os.cpu_count()}; "
+              f"load {os.getloadavg()[0]:.2f}")
         kh = known_hosts_file(servers, base / "known_hosts")
         cfg = ssh_config_file(servers, base / "ssh_config")
-        old, new = build(base / "old.so", 1, args.size_kib), build(base / "new.so", 2, args.size_kib)
-        print(f"library {new.stat().st_size // 1024} KiB")
-        warm = [base / "lib" / "warmup"]
-        reset(warm, old)
-        print(f"warm-up (first connection, lazy imports, crypto init): {ours(servers[:1], warm, new, kh, 1):.2f}s")
-        print(f"{'nodes':>5} {'parallel':>8} {'ours s':>8} {'naive s':>8} {'naive/ours':>10} {'ours/node ms':>12}")
-        for n in counts:
-            dirs = [base / "lib" / str(i) for i in range(n)]
-            reset(dirs, old)
-            t_naive = naive(servers[:n], dirs, new, cfg)
-            for p in parallels:
-                if p > n and p != parallels[0]:
-                    continue
-                reset(dirs, old)
-                t_ours = ours(servers[:n], dirs, new, kh, p)
-                print(f"{n:>5} {min(p, n):>8} {t_ours:>8.2f} {t_naive:>8.2f} {t_naive / t_ours:>10.2f} "
-                      f"{1000 * t_ours / n:>12.1f}")
-        print("target: 50 nodes swapped and verified in <= 5 s on 2 cores")
+        libs = [build(base / f"v{i}.so", i, args.size_kib) for i in range(1, 4)]
+        print(f"library {libs[0].stat().st_size // 1024} KiB")
+        best: dict[str, float] = {}
+        for r in range(args.rounds):
+            for n in counts:
+                dirs = [base / "lib" / str(i) for i in range(n)]
+                inv = inventory(servers[:n], dirs, base / f"hosts{n}.ini")
+                fleet, d, i = servers[:n], dirs, inv
+                runs = [("xargs", lambda f=fleet, d=d: xargs(f, d, libs[1], cfg, 50, sudo)),
+                        ("cli", lambda i=i: cli(i, kh, libs[1], 50, sudo))]
+                if r % 2:
+                    runs.reverse()  # interleaved: neither goes first every time
+                if n == args.ansible:
+                    runs.append(("ansible", lambda i=i: ansible(i, libs[1], 50, sudo)))
+                for name, fn in runs:
+                    reset(dirs, libs[0])
+                    took = fn()
+                    check(dirs, libs[1], name)
+                    key = f"{name}({n})"
+                    best[key] = min(took, best.get(key, took))
+                    print(f"round {r + 1}: {key:<14} {took:7.2f} s  ({1000 * took / n:.0f} ms/node)", flush=True)
+        print("\nbest of each:")
+        for key, v in best.items():
+            print(f"  {key:<14} {v:7.2f} s")
+        c50 = best.get("cli(50)")
+        if c50:
+            if "xargs(50)" in best:
+                ratio = c50 / best["xargs(50)"]
+                print(f"cli(50) / xargs(50)   = {ratio:.2f}  (target <= 1.0; and cli(50) <= 5 s quiet)")
+            if "cli(100)" in best:
+                print(f"cli(100) / cli(50)    = {best['cli(100)'] / c50:.2f}  (target <= 2.2)")
+            if "ansible(50)" in best:
+                print(f"ansible(50) / cli(50) = {best['ansible(50)'] / c50:.2f}  (target <= 10)")
     finally:
         for s in servers:
             s.stop()

@@ -30,6 +30,9 @@ stable; add to it, never rename.
         sudo=False removes any such rule (to test a refused sudo). The user's shell is /bin/sh.
         Raises `HarnessUnavailable` when not root;
         `require_root()` turns that into a pytest skip.
+    SSHD(dir, user="u", create_user=True, sudo_password="pw")
+        As above, but the user's password is set and its sudo rule asks for it every time (PASSWD,
+        timestamp_timeout=0): for testing password sudo.
     SSHD(dir, client_key=other.key_path)            # reuse one client key across a fleet (fast, one agent)
 
 Module helpers for fleets: `inventory_ini(servers, path, group="gpu")`, `inventory_yaml(servers, path, group)`,
@@ -145,9 +148,13 @@ def _install_sudoers(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def _write_sudoers(user: str, requiretty: bool) -> Path:
+def _write_sudoers(user: str, requiretty: bool, password: bool = False) -> Path:
     path = _sudoers_path(user)
-    lines = [f"{user} ALL=(root) NOPASSWD: {', '.join(SUDO_SHELLS)}"]
+    if password:  # sudo asks every time (no cached credentials), at most twice
+        lines = [f"Defaults:{user} timestamp_timeout=0, passwd_tries=2",
+                 f"{user} ALL=(root) PASSWD: {', '.join(SUDO_SHELLS)}"]
+    else:
+        lines = [f"{user} ALL=(root) NOPASSWD: {', '.join(SUDO_SHELLS)}"]
     if requiretty:
         lines.insert(0, f"Defaults:{user} requiretty")
     text = "\n".join(lines) + "\n"
@@ -188,6 +195,7 @@ class SSHD:
         client_key: Path | str | None = None,
         alias: str | None = None,
         start: bool = True,
+        sudo_password: str | None = None,
     ) -> None:
         reason = available()
         if reason:
@@ -206,8 +214,11 @@ class SSHD:
                 raise HarnessUnavailable("creating a login user and its sudo rule needs root")
             if create_user:
                 _ensure_user(self.user)
+            if sudo_password is not None:
+                subprocess.run(["chpasswd"], input=f"{self.user}:{sudo_password}\n", text=True, check=True,
+                               capture_output=True)
             if sudo and self.user != "root":
-                _write_sudoers(self.user, requiretty)
+                _write_sudoers(self.user, requiretty, password=sudo_password is not None)
                 self._sudoers_user = self.user
             elif not sudo:
                 _remove_sudoers(self.user)

@@ -1,4 +1,4 @@
-"""Options shared by several commands, defined once."""
+"""Click options shared by several commands, defined once: output, dry-run, targets and rollout policy."""
 from __future__ import annotations
 
 import json
@@ -68,3 +68,63 @@ def with_options(*decorators: Callable) -> Callable:
         return f
 
     return apply
+
+
+DEFAULT_TARGET_DIR = "/usr/local/vgpu"  # the same as deploy.swap.DEFAULT_DIR (kept import-free for fast --help)
+
+
+def target_options(f: Callable) -> Callable:
+    """Which nodes, and how to reach them (deploy, status, rollback)."""
+    opts = [
+        click.option("--host", "hosts", multiple=True, metavar="USER@NODE[:PORT]",
+                     help="A node to act on (repeatable); names from ~/.ssh/config work too."),
+        click.option("--inventory", "-I", "inventory", multiple=True, type=click.Path(),
+                     help="An Ansible inventory (any source ansible-core reads: INI, YAML, JSON, a directory "
+                          "with group_vars/ and host_vars/, a script), read by ansible-core itself; repeatable. "
+                          "vgpu_patch_target_dir sets a host's library dir."),
+        click.option("--limit", "-l", metavar="PATTERN",
+                     help="Ansible's --limit: hosts, groups, globs, ~regex, a:&b (both), !c (not), @file."),
+        click.option("--local", "local_root", is_flag=False, flag_value="/", default=None, metavar="[ROOT]",
+                     help="Act on this machine; ROOT is a fake node root directory (default /), symlinks "
+                          "resolved inside it."),
+        click.option("--target-dir", default=None, metavar="DIR",
+                     help=f"The node's library directory [default: {DEFAULT_TARGET_DIR}]."),
+        click.option("--ssh-config", type=click.Path(dir_okay=False), default=None,
+                     help="OpenSSH client config, resolved by `ssh -G` [default: ~/.ssh/config and "
+                          "/etc/ssh/ssh_config]."),
+        click.option("--known-hosts", type=click.Path(dir_okay=False), default=None,
+                     help="known_hosts file to use instead of UserKnownHostsFile (the global "
+                          "/etc/ssh/ssh_known_hosts is read too) [default: ~/.ssh/known_hosts]."),
+        click.option("--accept-new-host-keys", is_flag=True,
+                     help="Trust and record host keys seen for the first time (a changed or revoked key is "
+                          "always refused)."),
+        click.option("--identity", "-i", "identities", multiple=True, type=click.Path(dir_okay=False),
+                     help="Private key to offer first (repeatable; ssh_config's IdentityFile and the agent "
+                          "are tried too)."),
+        click.option("--no-sudo", is_flag=True,
+                     help="Run node commands as the login user, without sudo (it must own the library dir)."),
+        click.option("--ask-become-pass", "-K", is_flag=True,
+                     help="Ask once for the sudo password and answer sudo's prompt with it on each node."),
+        click.option("--parallel", "-p", default=10, show_default=True, type=click.IntRange(1, 256),
+                     help="Nodes worked on at once."),
+    ]
+    return with_options(*opts)(f)
+
+
+def fleet_options(f: Callable) -> Callable:
+    """Rollout policy (deploy, rollback): batches, failure budget, pauses."""
+    opts = [
+        click.option("--canary", type=click.IntRange(0), default=None, metavar="N",
+                     help="Do N nodes first, then the rest (the same as --batch N,100%) "
+                          "[default: 1 when more than one node]."),
+        click.option("--batch", "batch", default=None, metavar="SIZES",
+                     help="Batch sizes like Ansible's serial, e.g. 1,10%,50%: the last size repeats; each "
+                          "batch must pass the failure budget before the next starts."),
+        click.option("--max-fail", default=None, metavar="N|N%",
+                     help="Failure budget: stop when more than N nodes in all, or more than N% of a batch "
+                          "(Ansible's max_fail_percentage), failed [default: 0: stop at the first]."),
+        click.option("--pause-between", type=click.FloatRange(0), default=0.0, metavar="S",
+                     help="Seconds to wait between batches (soak time before the next batch)."),
+        click.option("--keep-going", is_flag=True, help="Carry on whatever fails (no failure budget)."),
+    ]
+    return with_options(*opts)(f)

@@ -70,6 +70,10 @@ class IntegrityError(DeployError):
     """A sha256 did not match what was expected; the live file was not replaced."""
 
 
+class StopRequested(DeployError):
+    """A fleet run is stopping (its failure budget is spent): this node was left untouched."""
+
+
 class FleetError(VgpuPatchError):
     """Some nodes of a fleet run failed; carries every node's result."""
 

@@ -15,7 +15,7 @@ ALL_AT_ONCE = {"vgpu_patch_serial": "100%"}  # one batch: faster where batching 
 
 
 def assert_clean(node: Node) -> None:
-    """No lock, staged file or temp file left behind."""
+    """No lock dir, staged file or temp file left behind."""
     assert not (node.state / "lock.d").exists()
     assert list((node.state / "staging").iterdir()) == []
     assert [p.name for p in node.libdir.iterdir() if p.name.startswith(("tmp", ".ansible_tmp", ".libvgpu"))] == []
@@ -83,11 +83,11 @@ def test_cli_deploy_rolled_back_by_ansible_after_a_dead_run(nodes: list[Node], l
     shutil.copy(libs.vendor, node.libdir / "libvgpu.so")
     res = swap.deploy_file(LocalTransport(node.root), libs.v1, "/usr/local/vgpu", operator="test@cli")
     assert res.changed and sha(node.libdir / "libvgpu.so") == sha(libs.v1)
-    (node.state / "lock.d").mkdir()  # an Ansible run that died holding the lock
-    (node.state / "lock.d" / "owner").write_text("alice@ctl ansible 2026-01-01T00:00:00Z\n")
+    (node.libdir / ".libvgpu.so.vgpu-patch-tmp.12345").write_bytes(b"half")  # a SIGKILLed run's temp file
+    (node.state / "staging" / "x.so.part.12345").write_bytes(b"half")
     inv = write_inventory([node], tmp_path / "inv.ini")
 
-    run = run_playbook("rollback.yml", inv, {"vgpu_patch_break_lock": True})
+    run = run_playbook("rollback.yml", inv)
     assert run.rc == 0, run.output
     assert (node.libdir / "libvgpu.so").read_bytes() == libs.vendor.read_bytes()
     first, last = node.history()
@@ -96,13 +96,31 @@ def test_cli_deploy_rolled_back_by_ansible_after_a_dead_run(nodes: list[Node], l
     assert_clean(node)
 
 
+def test_rollback_walks_back_and_blames_nobody_else(nodes: list[Node], libs: Libs, tmp_path: Path) -> None:
+    node = nodes[0]
+    shutil.copy(libs.vendor, node.libdir / "libvgpu.so")
+    inv = write_inventory([node], tmp_path / "inv.ini")
+    for lib in (libs.v1, libs.v2):
+        run = run_playbook("deploy.yml", inv, {"vgpu_patch_library": str(lib)})
+        assert run.rc == 0, run.output
+    seen = []
+    for _ in range(2):
+        run = run_playbook("rollback.yml", inv)
+        assert run.rc == 0, run.output
+        seen.append(sha(node.libdir / "libvgpu.so"))
+    assert seen == [sha(libs.v1), sha(libs.vendor)]
+    run = run_playbook("rollback.yml", inv)
+    assert run.rc != 0 and "no earlier file to roll back to" in run.output
+    assert sha(node.libdir / "libvgpu.so") == sha(libs.vendor)
+
+
 def test_candidate_failing_the_load_test_stops_at_the_canary(nodes: list[Node], libs: Libs, tmp_path: Path) -> None:
     for n in nodes:
         shutil.copy(libs.vendor, n.libdir / "libvgpu.so")
     inv = write_inventory(nodes, tmp_path / "inv.ini")
     run = run_playbook("deploy.yml", inv, {"vgpu_patch_library": str(libs.not_elf)})  # serial [1, 25%]
     assert run.rc != 0
-    assert "failed to validate" in run.output and "cannot be preloaded" in run.output
+    assert "LD_PRELOAD of the new file" in run.output and "cannot be preloaded" in run.output
     canary, *rest = nodes
     assert run.failed(canary) == 1
     assert all(n.name not in run.recap for n in rest), run.output  # later batches never started
@@ -119,17 +137,17 @@ def test_failing_node_stops_the_rollout(nodes: list[Node], libs: Libs, tmp_path:
         shutil.copy(libs.vendor, n.libdir / "libvgpu.so.2.5.0")
     shutil.copy(libs.v1, broken.libdir / "libvgpu.so.2.4.0")  # two versioned files: ambiguous
     inv = write_inventory(nodes, tmp_path / "inv.ini")
-    # Batches of 2 then 1: the broken node fails beside a healthy one, inside the role's block/always,
-    # where Ansible itself does not apply max_fail_percentage; the role's own check must stop the rollout.
+    # Batches of 2 then 1: the broken node fails beside a healthy one. Ansible's own max_fail_percentage (0)
+    # stops the rollout; the healthy node is not blamed for it.
     run = run_playbook("deploy.yml", inv, {"vgpu_patch_library": str(libs.v2), "vgpu_patch_serial": [2, 1]})
     assert run.rc != 0
-    assert "several versioned libraries" in run.output and "rollout stopped" in run.output
+    assert "several versioned libraries" in run.output
     assert sha(first.libdir / "libvgpu.so") == sha(libs.v2)  # its swap completed before the stop
     assert first.history()[0]["from_sha256"] is None
     assert_clean(first)
-    assert run.failed(broken) == 1
+    assert run.failed(first) == 0 and run.failed(broken) == 1
     assert sha(broken.libdir / "libvgpu.so.2.5.0") == sha(libs.vendor)
-    assert not (broken.state / "lock.d").exists()  # released in `always`
+    assert not (broken.state / "lock.d").exists()
     assert last.name not in run.recap and not last.state.exists()
 
 
@@ -141,15 +159,11 @@ def test_lock_held_by_another_deploy_is_respected(nodes: list[Node], libs: Libs,
     with open(node.state / "lock", "a") as lock:  # what the CLI holds during its swap
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         run = run_playbook("deploy.yml", inv, {"vgpu_patch_library": str(libs.v2)})
-    assert run.rc != 0 and "held by another process" in run.output
+    assert run.rc != 0 and "holds the lock" in run.output
     assert (node.libdir / "libvgpu.so").read_bytes() == libs.vendor.read_bytes()
     assert not (node.state / "lock.d").exists()
-
-    (node.state / "lock.d").mkdir()  # a run that died holding the lock
-    (node.state / "lock.d" / "owner").write_text("alice@ctl ansible 2026-01-01T00:00:00Z\n")
-    run = run_playbook("deploy.yml", inv, {"vgpu_patch_library": str(libs.v2)})
-    assert run.rc != 0 and "alice@ctl" in run.output and "vgpu_patch_break_lock" in run.output
-    assert (node.libdir / "libvgpu.so").read_bytes() == libs.vendor.read_bytes()
+    run = run_playbook("deploy.yml", inv, {"vgpu_patch_library": str(libs.v2)})  # the holder is gone
+    assert run.rc == 0, run.output and sha(node.libdir / "libvgpu.so") == sha(libs.v2)
 
 
 def test_wrong_expected_sha256_touches_no_node(nodes: list[Node], libs: Libs, tmp_path: Path) -> None:
@@ -157,26 +171,3 @@ def test_wrong_expected_sha256_touches_no_node(nodes: list[Node], libs: Libs, tm
     run = run_playbook("deploy.yml", inv, {"vgpu_patch_library": str(libs.v2), "vgpu_patch_library_sha256": "0" * 64})
     assert run.rc != 0 and "no node was touched" in run.output
     assert all(not n.state.exists() for n in nodes)
-
-
-def test_ansible_lock_excludes_the_cli(nodes: list[Node], libs: Libs, tmp_path: Path) -> None:
-    """The lock outlives the task that took it (setsid holder, also under sudo's use_pty) and stops the CLI."""
-    swap = pytest.importorskip("vgpu_patch.deploy.swap")
-    from vgpu_patch.errors import LockedError
-    from vgpu_patch.transport.local import LocalTransport
-
-    node = nodes[0]
-    shutil.copy(libs.vendor, node.libdir / "libvgpu.so")
-    inv = write_inventory([node], tmp_path / "inv.ini")
-    helper = str(Path(__file__).with_name("lock_only.yml"))
-    run = run_playbook(helper, inv, {"vgpu_patch_lock_step": "lock"})
-    assert run.rc == 0, run.output
-    try:
-        with pytest.raises(LockedError):
-            swap.deploy_file(LocalTransport(node.root), libs.v2, "/usr/local/vgpu", operator="test@cli")
-    finally:
-        run = run_playbook(helper, inv, {"vgpu_patch_lock_step": "unlock"})
-    assert run.rc == 0, run.output
-    assert not (node.state / "lock.d").exists()
-    res = swap.deploy_file(LocalTransport(node.root), libs.v2, "/usr/local/vgpu", operator="test@cli")
-    assert res.changed and sha(node.libdir / "libvgpu.so") == sha(libs.v2)

@@ -8,9 +8,10 @@ import threading
 
 
 class CuttingProxy:
-    def __init__(self, target_port: int, cut_after: int | None = None) -> None:
+    def __init__(self, target_port: int, cut_after: int | None = None, *, once: bool = False) -> None:
         self.target_port = target_port
         self.cut_after = cut_after
+        self.once = once  # cut only the first connection: later ones (a re-dial) pass
         self.sent = 0
         self.cut = threading.Event()
         self.listener = socket.socket()
@@ -28,6 +29,8 @@ class CuttingProxy:
             except OSError:
                 return
             server = socket.create_connection(("127.0.0.1", self.target_port))
+            if self.once and self.cut.is_set():
+                self.cut_after = None  # the cut happened: this is a re-dial, let it through
             self._conns += [client, server]
             threading.Thread(target=self._pump, args=(client, server, True), daemon=True).start()
             threading.Thread(target=self._pump, args=(server, client, False), daemon=True).start()
@@ -40,7 +43,8 @@ class CuttingProxy:
                     break
                 if upstream:
                     self.sent += len(data)
-                    if self.cut_after is not None and self.sent > self.cut_after:
+                    recut = self.once and self.cut.is_set()
+                    if self.cut_after is not None and self.sent > self.cut_after and not recut:
                         self.cut.set()
                         self.close_all()
                         return

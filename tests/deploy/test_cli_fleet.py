@@ -39,7 +39,7 @@ def setup_nodes(base: Path, servers: list[SSHD], lib: Path, missing: set[int] = 
         if i not in missing:
             shutil.copyfile(lib, d / "libvgpu.so")
         dirs.append(d)
-        lines.append(f"{s.alias} {s.inventory_vars()} vgpu_target_dir={d}")
+        lines.append(f"{s.alias} {s.inventory_vars()} vgpu_patch_target_dir={d}")
     inv = base / "hosts.ini"
     inv.write_text("\n".join(lines) + "\n")
     known_hosts_file(servers, base / "known_hosts")
@@ -145,3 +145,20 @@ def test_dry_run_prints_the_plan_and_exits_1(tmp_path: Path, libs) -> None:
     assert (d / "libvgpu.so").read_bytes() == libs["vendor"].read_bytes()
     res = run("rollback", "--local", str(root), "--yes")
     assert res.exit_code == 1 and "no backup to roll back to" in res.stdout
+
+
+def test_max_fail_and_batches_over_real_nodes(fleet, libs) -> None:
+    base, servers = fleet
+    inv, dirs = setup_nodes(base, servers, libs["vendor"], missing={0, 1})
+    common = [*NO_SUDO, "-I", str(inv), "--known-hosts", str(base / "known_hosts"), "--parallel", "1", "--json"]
+    res = run("deploy", "--no-check", *common, "--canary", "0", "--max-fail", "1", str(libs["v2"]))
+    assert res.exit_code == 1, res.output  # no node reached the wanted state
+    assert [n["status"] for n in json.loads(res.stdout)["nodes"]] == ["failed", "failed", "skipped"]
+    # batches 1, 2: the first batch fails entirely (100% > 50%): the second never starts
+    res = run("deploy", "--no-check", *common, "--batch", "1,2", "--max-fail", "50%", str(libs["v2"]))
+    assert [n["status"] for n in json.loads(res.stdout)["nodes"]] == ["failed", "skipped", "skipped"]
+    inv, dirs = setup_nodes(base, servers, libs["vendor"], missing={1})
+    res = run("deploy", "--no-check", *common, "--batch", "1,2", "--max-fail", "50%", str(libs["v2"]))
+    assert res.exit_code == 3, res.output
+    assert [n["status"] for n in json.loads(res.stdout)["nodes"]] == ["changed", "failed", "changed"]
+    assert (dirs[2] / "libvgpu.so").read_bytes() == libs["v2"].read_bytes()

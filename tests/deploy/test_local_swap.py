@@ -57,7 +57,12 @@ def test_dry_run_changes_nothing(node, libs) -> None:
     t, d = node
     r = deploy_file(t, libs["v1"], DIR, operator="a", dry_run=True)
     assert r.pending and not r.changed
-    assert [s.kind for s in r.plan][:2] == ["lock", "upload"]
+    assert [s.kind for s in r.plan][:4] == ["prepare", "verify", "lock", "upload"]
+    # the plan carries the commands: the script that would run is exactly its fragments joined
+    from vgpu_patch.deploy import script
+
+    sent = script.script([s.sh for s in r.plan])
+    assert all(s.sh in sent for s in r.plan) and "flock -n 9" in sent and "mv -f \"$TMP\" \"$LIVE\"" in sent
     assert (d / "libvgpu.so").read_bytes() == libs["vendor"].read_bytes()
     assert not (d / ".vgpu-patch").exists()
 

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from pathlib import Path
 
@@ -178,13 +177,20 @@ def test_proxyjump_from_ssh_config(sshd_root: SSHD, fresh_sshd: SSHD, tmp_path: 
 
 
 def test_make_transport_resolves_ssh_config(tmp_path: Path) -> None:
-    import paramiko
+    from vgpu_patch.deploy.targets import SSHSettings
 
-    cfg = paramiko.SSHConfig.from_text("Host n1\n  HostName 10.1.2.3\n  Port 2222\n  User ops\n  IdentityFile ~/k\n")
-    t = make_transport(parse_host("n1"), config=cfg)
+    key = tmp_path / "k"
+    key.write_text("not used\n")
+    cfg = tmp_path / "cfg"
+    cfg.write_text(f"Host n1\n  HostName 10.1.2.3\n  Port 2222\n  User ops\n  IdentityFile {key}\n"
+                   f"  ConnectTimeout 7\n  UserKnownHostsFile {tmp_path}/kh1 {tmp_path}/kh2\n")
+    t = make_transport(parse_host("n1"), config=SSHSettings(config=str(cfg)))
     assert (t.hostname, t.port, t.user) == ("10.1.2.3", 2222, "ops")  # type: ignore[attr-defined]
-    assert t.key_filenames == [os.path.expanduser("~/k")]  # type: ignore[attr-defined]
-    t = make_transport(parse_host("admin@n1:22"), config=cfg)
+    assert t.key_filenames == [str(key)]  # type: ignore[attr-defined]
+    assert t.connect_timeout == 7.0  # type: ignore[attr-defined]
+    assert t.user_known_hosts == [f"{tmp_path}/kh1", f"{tmp_path}/kh2"]  # type: ignore[attr-defined]
+    assert "/etc/ssh/ssh_known_hosts" in t.global_known_hosts  # type: ignore[attr-defined]
+    t = make_transport(parse_host("admin@n1:22"), config=SSHSettings(config=str(cfg)))
     assert (t.port, t.user) == (22, "admin")  # type: ignore[attr-defined]
 
 
@@ -276,3 +282,32 @@ def test_yaml_inventory_and_limit_through_the_cli(sshd_root: SSHD, fresh_sshd: S
     nodes = json.loads(res.stdout)["nodes"]
     assert [n["node"] for n in nodes] == [fresh_sshd.alias] and nodes[0]["status"] == "changed"
     assert (d / "libvgpu.so").read_bytes() == libs["v2"].read_bytes()
+
+
+@pytest.mark.parametrize("pty", [True, False], ids=["pty", "no-pty"])
+def test_password_sudo_through_the_fixed_prompt(tmp_path: Path, libs, pty: bool) -> None:
+    from sshd_harness import HarnessUnavailable, require_root
+
+    require_root()
+    try:
+        server = SSHD(tmp_path / "sshd", user="vgpupwsudo", create_user=True, sudo_password="s3cret pass")
+    except HarnessUnavailable as e:
+        pytest.skip(str(e))
+    d = lib_dir(tmp_path, libs["vendor"])
+    with server:
+        with pytest.raises(AuthFailure, match="--ask-become-pass"):  # no password: sudo -n refuses, says how
+            transport(server, use_sudo=None).run("id -u", sudo=True)
+        with transport(server, use_sudo=None, become_password="s3cret pass", pty_for_sudo=pty) as t:
+            res = t.run("id -u", sudo=True)
+            assert res.stdout == "0\n" and "s3cret" not in res.stdout + res.stderr  # never echoed
+            assert deploy_file(t, libs["v1"], str(d), operator="pw").changed
+        with pytest.raises(AuthFailure, match=r"rejected the password|sudo refused"):
+            transport(server, use_sudo=None, become_password="wrong", pty_for_sudo=pty).run("true", sudo=True)
+        if pty:  # through the CLI: -K asks once (hidden, on stderr), then sudo's prompt on the node is answered
+            res = CliRunner().invoke(cli, ["deploy", "--no-check", "-K", "--host", server.target,
+                                           "-i", str(server.key_path), "--known-hosts", str(server.known_hosts),
+                                           "--target-dir", str(d), "--json", str(libs["v2"])],
+                                     input="s3cret pass\n")
+            assert res.exit_code == 0, res.output
+            assert json.loads(res.stdout[res.stdout.index("{"):])["nodes"][0]["status"] == "changed"
+    assert (d / "libvgpu.so").read_bytes() == libs["v2" if pty else "v1"].read_bytes()

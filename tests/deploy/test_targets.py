@@ -1,6 +1,8 @@
-"""Target specs: --host forms and Ansible INI/YAML inventories with groups, vars and --limit."""
+"""Target specs: --host forms and Ansible INI/YAML inventories with groups, vars and --limit
+(test_inventory.py compares a whole corpus with ansible's own answers)."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -71,11 +73,11 @@ def test_ini_inventory(tmp_path: Path) -> None:
     inv.write_text(INI)
     specs = {s.name: s for s in load_inventory(inv)}
     assert set(specs) == {"bastion", "gpu-01", "gpu-02", "gpu-03", "gpu-big", "cpu-01"}
-    assert specs["gpu-02"].user == "admin" and specs["gpu-02"].key_files == ["~/.ssh/fleet"]
-    assert specs["gpu-02"].proxy_jump == "ops@bastion"
+    assert specs["gpu-02"].user == "admin" and specs["gpu-02"].key_files == [os.path.expanduser("~/.ssh/fleet")]
+    assert specs["gpu-02"].ssh_args == ["-o", "ProxyJump=ops@bastion"]  # handed to ssh -G as given
     big = specs["gpu-big"]
     assert (big.hostname, big.port, big.user, big.target_dir) == ("10.0.0.50", 2222, "root", "/opt/vgpu")
-    assert specs["cpu-01"].user == "root" and specs["cpu-01"].proxy_jump is None
+    assert specs["cpu-01"].user == "root" and specs["cpu-01"].ssh_args == []
 
 
 @pytest.mark.parametrize(

@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import click
 
-from ..cli_options import dry_run_option, emit_json, json_option
-from ..deploy.candidate import inspect
-from ..deploy.cli_targets import default_operator, fleet_options, progress, resolve_targets, target_options
-from ..deploy.fleet import run_fleet
+from ..cli_options import dry_run_option, emit_json, fleet_options, json_option, target_options
+from ..deploy.candidate import inspect, verify_expected
+from ..deploy.cli_targets import default_operator, policy_from, progress, resolve_targets
+from ..deploy.fleet import run_fleet, stop_requested
 from ..deploy.render import swap_table
 from ..deploy.swap import DEFAULT_TOOL, deploy_file
 
@@ -14,8 +14,8 @@ EPILOG = """\b
 Examples:
   vgpu-patch deploy --local /tmp/node out/libvgpu.so
   vgpu-patch deploy --host admin@gpu-node-1 out/libvgpu.so
-  vgpu-patch deploy -I hosts.ini --limit gpu --canary 2 --parallel 20 out/libvgpu.so
-  vgpu-patch deploy --host gpu-node-1 --dry-run out/libvgpu.so
+  vgpu-patch deploy -I hosts.ini --limit 'gpu:&zone_a' --batch 1,10%,50% --max-fail 5% out/libvgpu.so
+  vgpu-patch deploy --host gpu-node-1 --dry-run --json out/libvgpu.so   # the exact commands per node
 \b
 Exit codes: 0 every node runs FILE's sha256; 1 failed (or --dry-run with changes pending);
 2 usage error; 3 some nodes succeeded, some failed or were skipped.
@@ -30,11 +30,14 @@ Exit codes: 0 every node runs FILE's sha256; 1 failed (or --dry-run with changes
 @click.option("--check/--no-check", "check", default=True, show_default=True,
               help="Run `vgpu-patch check` on FILE against each node's live file (fetched once per distinct "
                    "vendor file) and refuse on a blocking problem.")
+@click.option("--expect-sha256", default=None, metavar="SHA256",
+              help="Refuse FILE unless its sha256 is this (FILE is also checked against its build manifest "
+                   "FILE.json when one is next to it).")
 @click.option("--operator", default=None, help="Who to record in the node's history [default: user@this-host].")
 @dry_run_option
 @json_option
-def cli(file: str, install: bool, check: bool, operator: str | None, dry_run: bool, as_json: bool, canary: int | None,
-        keep_going: bool, parallel: int, **kw: object) -> None:
+def cli(file: str, install: bool, check: bool, expect_sha256: str | None, operator: str | None, dry_run: bool,
+        as_json: bool, parallel: int, **kw: object) -> None:
     """Swap FILE in as the live libvgpu.so on every target node.
 
     Per node: preflight (arch, glibc, free space, sudo, which file is live), upload to staging,
@@ -42,17 +45,18 @@ def cli(file: str, install: bool, check: bool, operator: str | None, dry_run: bo
     again, history recorded. A node left mid-way still has a whole file (old or new).
     """
     cand = inspect(file)  # fails early, locally, on a file that is not a shared object
+    verify_expected(cand, expect_sha256)
     targets = resolve_targets(kw)
+    policy = policy_from(kw, len(targets.specs))
     who = operator or default_operator()
 
     def op(t, spec):
         r = deploy_file(t, cand.path, targets.dir_for(spec), operator=who, tool=DEFAULT_TOOL, dry_run=dry_run,
-                        install=install, check=check)
+                        install=install, check=check, should_stop=stop_requested)
         return ("changed" if r.changed else "pending" if r.pending else "unchanged"), r
 
     with progress(len(targets.specs), "deploy") as done:
-        fleet = run_fleet(targets.specs, op, targets.connect, parallel=parallel, canary=canary,
-                          keep_going=keep_going, on_done=done)
+        fleet = run_fleet(targets.specs, op, targets.connect, parallel=parallel, policy=policy, on_done=done)
     if as_json:
         emit_json({"file": str(cand.path), "sha256": cand.sha256, "dry_run": dry_run, **fleet.to_dict()})
     else:

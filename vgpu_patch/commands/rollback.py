@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import click
 
-from ..cli_options import dry_run_option, emit_json, json_option
-from ..deploy.cli_targets import default_operator, fleet_options, progress, resolve_targets, target_options
-from ..deploy.fleet import run_fleet
+from ..cli_options import dry_run_option, emit_json, fleet_options, json_option, target_options
+from ..deploy.cli_targets import default_operator, policy_from, progress, resolve_targets
+from ..deploy.fleet import run_fleet, stop_requested
 from ..deploy.render import swap_table
 from ..deploy.swap import DEFAULT_TOOL, rollback
 
@@ -13,6 +13,7 @@ EPILOG = """\b
 Examples:
   vgpu-patch rollback --host admin@gpu-node-1
   vgpu-patch rollback --host admin@gpu-node-1 --to 3f2a9c01d4e5 --yes
+  vgpu-patch rollback -I hosts.ini --to vendor --batch 10% --yes
   vgpu-patch rollback --local /tmp/node --yes
 \b
 Exit codes: 0 every node restored (or already there); 1 failed (or --dry-run with changes pending);
@@ -23,20 +24,23 @@ Exit codes: 0 every node restored (or already there); 1 failed (or --dry-run wit
 @click.command("rollback", epilog=EPILOG)
 @target_options
 @fleet_options
-@click.option("--to", "to_sha256", metavar="SHA256",
-              help="The backup to restore (6+ hex digits) [default: the previous file].")
+@click.option("--to", "to_sha256", metavar="previous|vendor|SHA256", default="previous", show_default=True,
+              help="What to restore: the file before the last swap still in effect (repeat to walk further "
+                   "back: v2, v1, vendor), the file that was live before the first recorded swap, or a "
+                   "backup by sha256 (6+ hex digits).")
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
 @click.option("--operator", default=None, help="Who to record in the node's history [default: user@this-host].")
 @dry_run_option
 @json_option
-def cli(to_sha256: str | None, yes: bool, operator: str | None, dry_run: bool, as_json: bool,
-        canary: int | None, keep_going: bool, parallel: int, **kw: object) -> None:
+def cli(to_sha256: str, yes: bool, operator: str | None, dry_run: bool, as_json: bool, parallel: int,
+        **kw: object) -> None:
     """Put back the library that was live before the last swap (or the backup given by --to).
 
     The backup is checked against its sha256, swapped in atomically, and the live file compared
     with it byte for byte. `vgpu-patch status` lists the backups each node keeps.
     """
     targets = resolve_targets(kw)
+    policy = policy_from(kw, len(targets.specs))
     if not (yes or dry_run):
         names = ", ".join(s.name for s in targets.specs[:5]) + (" ..." if len(targets.specs) > 5 else "")
         click.confirm(f"Roll back the library on {len(targets.specs)} node(s) ({names})?", abort=True, err=True)
@@ -44,12 +48,11 @@ def cli(to_sha256: str | None, yes: bool, operator: str | None, dry_run: bool, a
 
     def op(t, spec):
         r = rollback(t, targets.dir_for(spec), to_sha256=to_sha256, operator=who, tool=DEFAULT_TOOL,
-                     dry_run=dry_run)
+                     dry_run=dry_run, should_stop=stop_requested)
         return ("changed" if r.changed else "pending" if r.pending else "unchanged"), r
 
     with progress(len(targets.specs), "rollback") as done:
-        fleet = run_fleet(targets.specs, op, targets.connect, parallel=parallel, canary=canary,
-                          keep_going=keep_going, on_done=done)
+        fleet = run_fleet(targets.specs, op, targets.connect, parallel=parallel, policy=policy, on_done=done)
     if as_json:
         emit_json({"dry_run": dry_run, **fleet.to_dict()})
     else:

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import click
 
-from ..cli_options import emit_json, json_option
-from ..deploy.cli_targets import progress, resolve_targets, target_options
+from ..cli_options import emit_json, json_option, target_options
+from ..deploy.cli_targets import progress, resolve_targets
 from ..deploy.fleet import run_fleet
 from ..deploy.render import status_table
 from ..deploy.swap import node_status
@@ -41,6 +41,9 @@ def cli(history: int, as_json: bool, parallel: int, **kw: object) -> None:
     with progress(len(targets.specs), "status") as done:
         fleet = run_fleet(targets.specs, op, targets.connect, parallel=parallel, canary=0, keep_going=True,
                           on_done=done)
+    for o in fleet.outcomes:  # e.g. undecodable history lines that were skipped: on stderr, never fatal
+        for w in getattr(o.result, "warnings", None) or []:
+            click.echo(f"vgpu-patch: warning: {o.node}: {w}", err=True)
     if as_json:
         emit_json(fleet.to_dict())
     else:

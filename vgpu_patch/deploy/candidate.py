@@ -10,7 +10,7 @@ from ..elf.facts import image, read_facts
 from ..elf.glibc import requirements_of
 from ..errors import ElfError
 
-__all__ = ["MACHINES", "OURS_RE", "Candidate", "inspect", "parse_glibc", "sha256_file"]
+__all__ = ["MACHINES", "OURS_RE", "Candidate", "inspect", "parse_glibc", "sha256_file", "verify_expected"]
 
 # e_machine -> the `uname -m` values of nodes that can load it
 MACHINES = {
@@ -66,3 +66,30 @@ def inspect(path: Path | str) -> Candidate:
         glibc_private=bool(req["glibc_private"]),
         ours_version=ours,
     )
+
+
+def verify_expected(cand: Candidate, expect_sha256: str | None = None) -> None:
+    """Refuse a FILE whose sha256 is not the one given, or not the one in its build manifest (FILE.json)."""
+    import json
+
+    from ..errors import IntegrityError, UsageError
+
+    if expect_sha256 is not None:
+        want = expect_sha256.strip().lower()
+        if not re.fullmatch(r"[0-9a-f]{64}", want):
+            raise UsageError(f"--expect-sha256 {expect_sha256!r}: give the 64 hex digits of the sha256")
+        if want != cand.sha256:
+            raise IntegrityError(f"{cand.path}: sha256 is {cand.sha256}, not --expect-sha256 {want}; "
+                                 f"no node was touched: give the right file")
+    manifest = cand.path.with_name(cand.path.name + ".json")
+    if not manifest.is_file():
+        return
+    try:
+        doc = json.loads(manifest.read_bytes())
+    except (OSError, ValueError) as e:
+        raise IntegrityError(f"{manifest}: unreadable build manifest ({e}); rebuild, or remove it") from e
+    recorded = doc.get("sha256") if isinstance(doc, dict) else None
+    if not isinstance(recorded, str) or recorded.lower() != cand.sha256:
+        raise IntegrityError(f"{cand.path}: sha256 {cand.sha256[:12]} does not match its build manifest {manifest} "
+                             f"({str(recorded)[:12]}); the file changed after the build: rebuild it; "
+                             f"no node was touched")

@@ -1,4 +1,4 @@
-"""Click options shared by deploy, status and rollback: which nodes, how to reach them, how many at once."""
+"""What the shared target and policy options (cli_options.py) turn into: node specs, transports, a Policy."""
 from __future__ import annotations
 
 import getpass
@@ -13,47 +13,9 @@ import click
 
 from ..errors import UsageError
 from ..transport.base import Transport
-from .fleet import NodeOutcome
+from .fleet import NodeOutcome, Policy
 from .swap import DEFAULT_DIR
-from .targets import HostSpec, load_inventory, load_ssh_config, make_transport, parse_host
-
-
-def target_options(f: Callable) -> Callable:
-    opts = [
-        click.option("--host", "hosts", multiple=True, metavar="USER@NODE[:PORT]",
-                     help="A node to act on (repeatable); names from ~/.ssh/config work too."),
-        click.option("--inventory", "-I", "inventory", type=click.Path(dir_okay=False),
-                     help="An Ansible INI or YAML inventory (ansible_host/port/user/ssh_private_key_file, "
-                          "and vgpu_target_dir per host)."),
-        click.option("--limit", "-l", metavar="PATTERN",
-                     help="Only these inventory groups or hosts (comma-separated, globs, !exclude)."),
-        click.option("--local", "local_root", is_flag=False, flag_value="/", default=None, metavar="[ROOT]",
-                     help="Act on this machine; ROOT is a fake node root directory (default /)."),
-        click.option("--target-dir", default=None, metavar="DIR",
-                     help=f"The node's library directory [default: {DEFAULT_DIR}]."),
-        click.option("--ssh-config", type=click.Path(dir_okay=False), default=None,
-                     help="OpenSSH client config to honour [default: ~/.ssh/config]."),
-        click.option("--known-hosts", type=click.Path(dir_okay=False), default=None,
-                     help="known_hosts file used to verify host keys [default: ~/.ssh/known_hosts]."),
-        click.option("--accept-new-host-keys", is_flag=True,
-                     help="Trust and record host keys seen for the first time (a changed key is always refused)."),
-        click.option("--identity", "-i", "identities", multiple=True, type=click.Path(dir_okay=False),
-                     help="Private key to use when the host has none configured (repeatable; the agent is tried too)."),
-        click.option("--no-sudo", is_flag=True,
-                     help="Run node commands as the login user, without sudo (it must own the library dir)."),
-        click.option("--parallel", "-p", default=10, show_default=True, type=click.IntRange(1, 256),
-                     help="Nodes worked on at once."),
-    ]
-    for o in reversed(opts):
-        f = o(f)
-    return f
-
-
-def fleet_options(f: Callable) -> Callable:
-    f = click.option("--keep-going", is_flag=True, help="Carry on after a node fails (default: stop at the first).")(f)
-    f = click.option("--canary", type=click.IntRange(0), default=None, metavar="N",
-                     help="Do N nodes first and stop if one fails [default: 1 when more than one node].")(f)
-    return f
+from .targets import HostSpec, SSHSettings, load_inventory, load_ssh_config, make_transport, parse_host
 
 
 @dataclass
@@ -73,8 +35,11 @@ def resolve_targets(kw: dict) -> Targets:
         specs.append(HostSpec(name="local" if kw["local_root"] == "/" else f"local:{kw['local_root']}",
                               local_root=kw["local_root"]))
     specs += [parse_host(h) for h in kw.get("hosts") or ()]
-    if kw.get("inventory"):
-        specs += load_inventory(kw["inventory"], kw.get("limit"))
+    inventories = kw.get("inventory") or ()
+    if isinstance(inventories, str):
+        inventories = (inventories,)
+    if inventories:
+        specs += load_inventory(list(inventories), kw.get("limit"))
     elif kw.get("limit"):
         raise UsageError("--limit needs --inventory")
     if not specs:
@@ -84,15 +49,25 @@ def resolve_targets(kw: dict) -> Targets:
     if dup:
         raise UsageError(f"node given twice: {', '.join(sorted(dup))}")
     ssh_needed = any(s.local_root is None for s in specs)
-    config = load_ssh_config(kw.get("ssh_config")) if ssh_needed else None
+    settings = load_ssh_config(kw.get("ssh_config")) if ssh_needed else SSHSettings()
+    password = None
+    if kw.get("ask_become_pass") and ssh_needed:
+        password = click.prompt("BECOME password (sudo on the nodes)", hide_input=True, err=True)
+    settings = SSHSettings(config=settings.config, known_hosts=kw.get("known_hosts"),
+                           accept_new_host_keys=bool(kw.get("accept_new_host_keys")),
+                           identities=tuple(kw.get("identities") or ()),
+                           use_sudo=False if kw.get("no_sudo") else None, become_password=password)
 
     def connect(spec: HostSpec) -> Transport:
-        return make_transport(spec, config=config, known_hosts=kw.get("known_hosts"),
-                              accept_new_host_keys=kw.get("accept_new_host_keys", False),
-                              identity=kw.get("identities") or (),
-                              use_sudo=False if kw.get("no_sudo") else None)
+        return make_transport(spec, config=settings, use_sudo=settings.use_sudo)
 
     return Targets(specs, connect, kw.get("target_dir") or DEFAULT_DIR)
+
+
+def policy_from(kw: dict, n: int) -> Policy:
+    """The rollout policy of fleet_options."""
+    return Policy.from_options(n=n, batch=kw.get("batch"), canary=kw.get("canary"), max_fail=kw.get("max_fail"),
+                               keep_going=bool(kw.get("keep_going")), pause_between=float(kw.get("pause_between") or 0))
 
 
 def default_operator() -> str:

@@ -15,6 +15,7 @@ from .candidate import parse_glibc
 
 LIB = "libvgpu.so"
 STATE = ".vgpu-patch"
+ALL_HISTORY = 100000  # history lines read for a rollback (the stack needs them all; one line per swap)
 # In containers HAMi mounts the chosen host file here, whatever its host name.
 CONTAINER_LIB = "/usr/local/vgpu/libvgpu.so"
 
@@ -55,6 +56,8 @@ class NodeFacts:
     backups: list[dict] = field(default_factory=list)  # manifests, each with "present": bool
     history: list[dict] = field(default_factory=list)
     mapped: list[MappedLib] = field(default_factory=list)
+    state_problem: str | None = None  # the state dir is unsafe to use (symlinks, not root's): refuse it
+    warnings: list[str] = field(default_factory=list)
 
     def file(self, name: str) -> LibFile | None:
         return next((f for f in self.files if f.name == name), None)
@@ -89,21 +92,40 @@ def probe_script(real_dir: str, *, history: int = 20, maps: bool = True) -> str:
         " n=${f##*/};"
         " if [ -L \"$f\" ]; then printf 'L\\t%s\\t%s\\n' \"$n\" \"$(readlink \"$f\")\"; continue; fi;"
         " [ -f \"$f\" ] || continue;"
-        " h=$(sha256sum < \"$f\" | cut -c1-64);"
-        " v=$(tr -c '[:print:]' '\\n' < \"$f\" | grep '^vgpu-patch-shim ' | head -n 1);"
+        " h=$(sha256sum < \"$f\"); h=${h%% *};"
+        " v=$(grep -a -o -m 1 'vgpu-patch-shim [0-9A-Za-z.+~_-]*' \"$f\");"
         " printf 'F\\t%s\\t%s\\t%s\\t%s\\n' \"$n\" \"$h\" \"$(stat -c '%s %i %a %u %g' \"$f\")\" \"$v\";"
         " done",
-        _section("preload"), "[ -f \"$D/ld.so.preload\" ] && { echo present; cat \"$D/ld.so.preload\"; }",
+        # never read through a symlink (as root it could point anywhere): a linked ld.so.preload is not read
+        _section("preload"),
+        "[ -f \"$D/ld.so.preload\" ] && [ ! -L \"$D/ld.so.preload\" ] && { echo present; cat \"$D/ld.so.preload\"; }",
+        _section("state"), STATE_CHECK,
         _section("backups"),
-        "for j in \"$S\"/backups/*.json; do [ -f \"$j\" ] || continue; h=${j##*/}; h=${h%.json};"
+        "[ -n \"$UNSAFE\" ] || for j in \"$S\"/backups/*.json; do [ -f \"$j\" ] || continue; h=${j##*/}; h=${h%.json};"
         " if [ -f \"$S/backups/$h.so\" ]; then printf 'yes\\t'; else printf 'no\\t'; fi;"
         " tr -d '\\n' < \"$j\"; echo; done",
-        _section("history"), f"[ -f \"$S/history.jsonl\" ] && tail -n {int(history)} \"$S/history.jsonl\"",
+        _section("history"),
+        f"[ -z \"$UNSAFE\" ] && [ -f \"$S/history.jsonl\" ] && tail -n {int(history)} \"$S/history.jsonl\"",
     ]
     if maps:
         parts += [_section("maps"), maps_snippet()]
     parts.append("true")
     return "\n".join(parts) + "\n"
+
+
+# Read-only twin of script.SAFE_STATE: as root, never read through a state dir someone else controls.
+STATE_CHECK = (
+    'UNSAFE=""; if [ -L "$S" ]; then UNSAFE=1; echo "$S is a symlink";'
+    ' elif [ -d "$S" ]; then'
+    ' if [ "$(id -u)" = 0 ]; then'
+    ' bad=$(find "$S" \\( -type l -o ! -user 0 -o -perm -002 -o \\( -type d -perm -020 \\) \\) -print 2>/dev/null'
+    ' | head -n 1);'
+    ' else bad=$(find "$S" -type l -print 2>/dev/null | head -n 1); fi;'
+    ' if [ -L "$bad" ]; then UNSAFE=1; echo "$bad is a symlink inside $S";'
+    ' elif [ -n "$bad" ]; then UNSAFE=1;'
+    ' echo "$bad is not root\'s alone (owner $(stat -c %U "$bad"), mode $(stat -c %a "$bad"))";'
+    ' fi; fi'
+)
 
 
 def maps_snippet() -> str:
@@ -156,9 +178,13 @@ def parse_maps(lines: list[str]) -> list[MappedLib]:
     return out
 
 
-def _json_lines(lines: list[str]) -> list[dict]:
+def _json_lines(lines: list[str], warnings: list[str] | None = None, what: str = "history.jsonl") -> list[dict]:
     out = []
     for line in lines:
+        if "\ufffd" in line:  # bytes that are not UTF-8: skip the line, say so, carry on
+            if warnings is not None:
+                warnings.append(f"skipped a line of {what} that is not valid UTF-8: {line[:60]!r}")
+            continue
         try:
             doc = json.loads(line)
         except ValueError:
@@ -187,11 +213,15 @@ def parse(text: str, node_dir: str) -> NodeFacts:
     facts.preload = pre[1:] if pre and pre[0] == "present" else None
     for line in sec.get("backups", []):
         present, _, doc = line.partition("\t")
-        for b in _json_lines([doc]):
+        for b in _json_lines([doc], facts.warnings, "a backup manifest"):
             b["present"] = present == "yes"
             facts.backups.append(b)
     facts.backups.sort(key=lambda b: str(b.get("saved_at", "")))
-    facts.history = _json_lines(sec.get("history", []))
+    facts.history = _json_lines(sec.get("history", []), facts.warnings)
+    state = sec.get("state") or []
+    if state:
+        facts.state_problem = (f"{state[0]}: refusing to read or write node state through it; remove the "
+                               f"symlink, or chown -R root:root and chmod go-w the state dir (nothing changed)")
     facts.mapped = parse_maps(sec.get("maps", []))
     return facts
 

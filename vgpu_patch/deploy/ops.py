@@ -1,6 +1,7 @@
 """Operations: compare a node's facts with the wanted state and yield only the steps needed.
 
-Pure functions over NodeFacts (no I/O), so `--dry-run` and the real run share one plan.
+Pure functions over NodeFacts (no I/O). Each step carries the shell it runs (script.py), so `--dry-run`
+shows exactly what the real run sends, and the swap script is nothing but the plan's fragments joined.
 """
 from __future__ import annotations
 
@@ -17,8 +18,12 @@ SPACE_MARGIN = 1 << 20
 
 @dataclass(frozen=True)
 class Step:
-    kind: str  # upload | verify | lock | backup | swap | record | noop
+    kind: str  # prepare | upload | verify | lock | backup | swap | record | report | noop
     text: str
+    sh: str = ""  # the commands this step runs on the node ("" for a noop or a step run on this machine)
+
+    def to_dict(self) -> dict:
+        return {"kind": self.kind, "text": self.text, "sh": self.sh}
 
 
 def preflight(facts: NodeFacts, cand: Candidate, node: str, live: LibFile | None, *, install: bool) -> None:
@@ -52,27 +57,41 @@ def space_needed(facts: NodeFacts, cand: Candidate, live: LibFile | None) -> int
 
 
 def plan_swap(
-    facts: NodeFacts, live: LibFile | None, live_path: str, want_sha: str, *, source: str, upload: bool
+    facts: NodeFacts, live: LibFile | None, live_path: str, want_sha: str, *, source: str, upload: bool,
+    prepare: str = "", manifest_printf: str = "", history_printf: str = "", byte_compare: bool = False,
+    in_lock: str = "",
 ) -> Iterator[Step]:
     """The steps a deploy (upload=True) or rollback (source = a backup) takes; only a noop when nothing differs."""
+    from . import script as S
+
     if live is not None and live.sha256 == want_sha:
         yield Step("noop", f"{live_path} already has sha256 {want_sha[:12]}: nothing to do")
         return
     state = f"{facts.target_dir}/{STATE}"
-    yield Step("lock", f"take {state}/lock")
+    yield Step("prepare", "set the paths, clean-up trap and helpers", prepare)
+    yield Step("verify", f"refuse {state} if it holds symlinks or (as root) anything not root's alone", S.SAFE_STATE)
+    yield Step("lock", f"take {state}/lock", S.LOCK + ("\n" + in_lock if in_lock else ""))
     if upload:
-        yield Step("upload", f"upload {source} to {state}/staging/{want_sha}.so")
-    yield Step("verify", f"verify sha256 {want_sha[:12]} of {'the staged file' if upload else source} on the node")
-    yield Step("verify", "check it loads: LD_PRELOAD=<it> /bin/true")
+        yield Step("upload", f"upload {source} (0600, then moved) to {state}/staging/{want_sha}.so", S.STAGE)
+    yield Step("verify", f"verify sha256 {want_sha[:12]} of {'the staged file' if upload else source} on the node",
+               S.VERIFY_SOURCE)
+    yield Step("verify", "check it loads: LD_PRELOAD=<it> /bin/true", S.LOADS)
     if live is not None:
         if facts.backup(live.sha256) is None:
-            yield Step("backup", f"back up {live_path} ({live.sha256[:12]}) to {state}/backups/{live.sha256}.so")
+            text = f"back up {live_path} ({live.sha256[:12]}) to {state}/backups/{live.sha256}.so"
         else:
-            yield Step("backup", f"backup of {live.sha256[:12]} already kept")
+            text = f"backup of {live.sha256[:12]} already kept"
+        yield Step("backup", text, S.backup(manifest_printf))
+    else:
+        yield Step("backup", "nothing live to back up (new install)", S.backup(manifest_printf))
     yield Step(
         "swap",
         f"write a temp file beside {live_path}, fsync, rename over it, fsync {facts.target_dir}"
         + ("" if live is not None else " (new install)"),
+        S.SWAP,
     )
-    yield Step("verify", f"verify sha256 of {live_path} is {want_sha[:12]}")
-    yield Step("record", f"append to {state}/history.jsonl")
+    bytewise = ", and byte for byte" if byte_compare else ""
+    check = S.REVERIFY + ("\n" + S.BYTE_COMPARE if byte_compare else "")
+    yield Step("verify", f"verify sha256 of {live_path} is {want_sha[:12]}{bytewise}", check)
+    yield Step("record", f"append to {state}/history.jsonl", S.record(history_printf))
+    yield Step("report", "print the result and the processes mapping the library", S.REPORT)

@@ -2,12 +2,15 @@
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, cast
 
 from rich.console import Console
 from rich.table import Table
 
 from .fleet import FleetResult
+
+if TYPE_CHECKING:
+    from .swap import NodeStatus
 
 _STYLE = {"changed": "green", "unchanged": "cyan", "ok": "green", "pending": "yellow", "failed": "bold red",
           "skipped": "dim"}
@@ -33,11 +36,11 @@ def swap_table(fleet: FleetResult, title: str) -> None:
         if r is not None and not detail:
             plan = getattr(r, "plan", [])
             if o.status == "pending":
-                detail = "; ".join(s.text for s in plan)
+                detail = "; ".join(s.text for s in plan if s.kind not in ("prepare", "report"))
             elif plan and plan[0].kind == "noop":
                 detail = plan[0].text
             elif getattr(r, "path", None):
-                detail = str(r.path)  # type: ignore[attr-defined]
+                detail = str(getattr(r, "path", ""))
         table.add_row(
             o.node,
             f"[{_STYLE.get(o.status, '')}]{o.status}[/]",
@@ -57,7 +60,7 @@ def status_table(fleet: FleetResult) -> None:
     for col in ("node", "live file", "sha256", "build", "backups", "last change", "restart needed", "note"):
         table.add_column(col, overflow="fold")
     for o in fleet.outcomes:
-        s: Any = o.result  # a NodeStatus, or None when the node failed
+        s = cast("NodeStatus | None", o.result)
         if s is None:
             table.add_row(o.node, "-", "-", "-", "-", "-", "-", f"[bold red]{o.error}[/]")
             continue

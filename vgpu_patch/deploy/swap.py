@@ -7,7 +7,6 @@ happens before the rename or is a read-only re-check after it, so a failure leav
 from __future__ import annotations
 
 import contextlib
-import json
 import secrets
 import shlex
 from dataclasses import asdict, dataclass, field
@@ -15,17 +14,19 @@ from pathlib import Path
 from typing import Callable
 
 from .. import __version__
-from ..errors import DeployError, IntegrityError, LockedError, UsageError
+from ..errors import DeployError, IntegrityError, LockedError, StopRequested, UsageError
 from ..transport.base import Transport, first_line
 from . import facts as F
+from . import script as S
 from .candidate import Candidate, inspect
 from .ops import Step, plan_swap, preflight
 
 DEFAULT_DIR = "/usr/local/vgpu"
 DEFAULT_TOOL = f"vgpu-patch {__version__}"
 
-# exit codes of the swap script
-_LOCKED, _MISMATCH, _NOLOAD, _VERIFY, _WRITE = 75, 65, 66, 68, 71
+_LOCKED, _MISMATCH, _NOLOAD, _VERIFY, _WRITE, _UNSAFE = (
+    S.LOCKED, S.MISMATCH, S.NOLOAD, S.VERIFY, S.WRITE, S.UNSAFE)
+UPLOAD_DIR = "/tmp"
 
 
 @dataclass
@@ -51,7 +52,7 @@ class SwapResult:
 
     def to_dict(self) -> dict:
         d = asdict(self)
-        d["plan"] = [s.text for s in self.plan]
+        d["plan"] = [s.to_dict() for s in self.plan]
         return d
 
 
@@ -70,158 +71,13 @@ class NodeStatus:
     arch: str = ""
     glibc: str | None = None
     problem: str | None = None  # e.g. an ambiguous directory; the rest is still reported
+    warnings: list[str] = field(default_factory=list)  # e.g. undecodable history lines that were skipped
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
-@dataclass(frozen=True)
-class _Shell:
-    """A JSON value the swap script computes itself: a shell variable already holding JSON."""
-
-    var: str
-
-
-def _printf_json(doc: dict) -> str:
-    """A `printf` command writing `doc` as one JSON line, _Shell values filled in on the node."""
-    parts, args = [], []
-    for key, value in doc.items():
-        if isinstance(value, _Shell):
-            parts.append(f"{json.dumps(key)}: %s")
-            args.append(f'"${value.var}"')
-        else:  # a literal: escape what printf would interpret in its format
-            parts.append(f"{json.dumps(key)}: {json.dumps(value)}".replace("\\", "\\\\").replace("%", "%%"))
-    fmt = "{" + ", ".join(parts) + "}\\n"
-    return "printf " + shlex.quote(fmt) + "".join(" " + a for a in args)
-
-
-# computed by the script: NOWJ (its clock), CURJ/FROMJ (the file it replaced, or null), SIZE
-_NOW, _CUR, _FROM, _SIZE = _Shell("NOWJ"), _Shell("CURJ"), _Shell("FROMJ"), _Shell("SIZE")
-
-
-def _history_printf(action: str, live_path: str, want: str, operator: str, tool: str) -> str:
-    return _printf_json({"time": _NOW, "action": action, "path": live_path, "from_sha256": _FROM,
-                         "to_sha256": want, "operator": operator, "tool": tool})
-
-
-def _manifest_printf(live_path: str, operator: str, tool: str) -> str:
-    """backups/<sha256>.json (docs/node-state.md) for the file actually copied aside."""
-    return _printf_json({"sha256": _CUR, "size": _SIZE, "path": live_path, "saved_at": _NOW,
-                         "operator": operator, "tool": tool})
-
-
-def _swap_script(
-    *,
-    real_dir: str,
-    live_real: str,
-    want: str,
-    upload_real: str | None,
-    source_real: str | None,
-    history_printf: str,
-    manifest_printf: str,
-    byte_compare: bool,
-    in_lock: str = "",
-) -> str:
-    q = shlex.quote
-    name = live_real.rsplit("/", 1)[1]
-    return f"""
-D={q(real_dir)}; S="$D/{F.STATE}"; LIVE={q(live_real)}; WANT={q(want)}
-UP={q(upload_real or '')}; SRC={q(source_real or '')}
-NOW=$(date -u +%Y-%m-%dT%H:%M:%SZ); NOWJ="\\"$NOW\\""
-STG="$S/staging/$WANT.so"; TMP="$D/.{name}.vgpu-patch-tmp.$$"; BTMP=""; LOCKDIR=""
-trap '' HUP PIPE  # a dropped connection must not stop a swap half-way: finish it
-HELD=""
-cleanup() {{
-  rm -f "$TMP" "$STG.part.$$" ${{BTMP:+"$BTMP"}} ${{BTMP:+"$BTMP.json"}} ${{UP:+"$UP"}}
-  [ -n "$HELD" ] && [ -n "$UP" ] && rm -f "$STG"   # our staged copy; only touched while holding the lock
-  [ -n "$LOCKDIR" ] && rmdir "$LOCKDIR"
-}}
-trap cleanup EXIT
-fail() {{ code=$1; shift; printf '@@err %s\\n' "$*"; exit "$code"; }}
-hash_of() {{ sha256sum < "$1" | cut -c1-64; }}
-# a whole 64-bit ELF: magic, and its section headers (at the end) inside the file; a cp caught mid-copy is not
-whole_lib() {{
-  [ "$2" -gt 64 ] || return 1
-  command -v od >/dev/null 2>&1 || return 0  # no od: a non-empty file counts as whole
-  [ "$(od -An -N4 -tx1 "$1" | tr -d ' \n')" = 7f454c46 ] || return 1
-  set -- "$2" $(od -An -j40 -N8 -tu8 "$1" 2>/dev/null) $(od -An -j58 -N4 -tu2 "$1" 2>/dev/null)
-  [ $# -eq 4 ] || return 0  # an od without 8-byte integers: the magic has to do
-  [ $(( $2 + $3 * $4 )) -le "$1" ]
-}}
-umask 022
-mkdir -p "$S/backups" "$S/staging" || fail {_WRITE} "cannot create $S"
-if command -v flock >/dev/null 2>&1; then
-  exec 9>>"$S/lock" || fail {_WRITE} "cannot open $S/lock"
-  flock -n 9 || fail {_LOCKED} "locked"
-else
-  mkdir "$S/lock.d" 2>/dev/null || fail {_LOCKED} "locked"; LOCKDIR="$S/lock.d"
-fi
-HELD=1
-# temp files of a swap that was SIGKILLed: only a lock holder makes them, so any found now are orphans
-rm -f "$D"/.*.vgpu-patch-tmp.* "$S"/staging/*.part.* "$S"/backups/.*.tmp.*
-{in_lock}
-if [ -n "$UP" ]; then
-  # no fsync: a staged copy is re-verified by hash below and simply re-uploaded after a crash
-  cp "$UP" "$STG.part.$$" 2>&1 && mv -f "$STG.part.$$" "$STG" \\
-    || fail {_WRITE} "copying the upload to $S/staging failed (disk full?)"
-  rm -f "$UP"; SRC="$STG"
-fi
-got=$(hash_of "$SRC")
-if [ "$got" != "$WANT" ]; then
-  [ -n "$UP" ] && rm -f "$STG"
-  fail {_MISMATCH} "sha256 of $SRC is $got, expected $WANT"
-fi
-cur=""; [ -e "$LIVE" ] && cur=$(hash_of "$LIVE")
-if [ "$cur" = "$WANT" ]; then [ -n "$UP" ] && rm -f "$STG"; echo "@@noop"; exit 0; fi
-out=$(LD_PRELOAD="$SRC" /bin/true 2>&1); rc=$?
-case "$out" in *"cannot be preloaded"*|*"ERROR: ld.so"*) rc=127;; esac
-[ "$rc" -eq 0 ] || fail {_NOLOAD} "LD_PRELOAD of the new file made /bin/true fail (exit $rc): $(printf '%s' "$out" | head -n 1)"
-# Back up what is live now (it may differ from the plan: HAMi's plugin rewrites the file in place,
-# outside any lock). The copy is hashed, so the backup's name and the history say what was replaced.
-# A live file that is not a whole library (empty, or caught mid-copy) is replaced but never kept as a backup
-# nor recorded as from_sha256: a rollback must never restore it.
-BK=""; FROMJ=null; REC=""
-if [ -e "$LIVE" ]; then
-  BTMP="$S/backups/.live.tmp.$$"
-  cp "$LIVE" "$BTMP" 2>&1 && chmod 0644 "$BTMP" || fail {_WRITE} "backing up $LIVE failed (disk full?)"
-  cur=$(hash_of "$BTMP"); SIZE=$(stat -c %s "$BTMP"); CURJ="\\"$cur\\""; FROMJ="$CURJ"; REC="$cur"
-  BK="$S/backups/$cur.so"
-  if ! whole_lib "$BTMP" "$SIZE"; then
-    rm -f "$BTMP"; BK=""; FROMJ=null; REC=""
-    printf '@@partial %s\\n' "$SIZE"
-  elif [ -f "$BK" ] && [ "$(hash_of "$BK")" = "$cur" ]; then
-    rm -f "$BTMP"
-  else
-    {manifest_printf} > "$BTMP.json" || fail {_WRITE} "writing the backup manifest failed (disk full?)"
-    sync "$BTMP" "$BTMP.json" 2>/dev/null || sync
-    mv -f "$BTMP" "$BK" && mv -f "$BTMP.json" "$S/backups/$cur.json" || fail {_WRITE} "storing the backup failed"
-  fi
-  BTMP=""
-fi
-cp "$SRC" "$TMP" 2>&1 || fail {_WRITE} "writing $TMP failed (disk full?)"
-if [ -n "$cur" ]; then
-  chmod --reference="$LIVE" "$TMP" 2>/dev/null || chmod 0644 "$TMP"
-  [ "$(id -u)" = 0 ] && chown --reference="$LIVE" "$TMP" 2>/dev/null
-  if [ -e /sys/fs/selinux/enforce ] && command -v chcon >/dev/null 2>&1; then chcon --reference="$LIVE" "$TMP" 2>/dev/null; fi
-else
-  chmod 0644 "$TMP"
-fi
-sync "$TMP" "$S/backups" 2>/dev/null || sync  # the new file's bytes and the backup's name, before the rename
-out=$(mv -f "$TMP" "$LIVE" 2>&1) || fail {_WRITE} "renaming $TMP over $LIVE failed ($out; EBUSY: $LIVE is a mount point, act on the host file)"
-got=$(hash_of "$LIVE")
-[ "$got" = "$WANT" ] || fail {_VERIFY} "after the swap $LIVE has sha256 $got, expected $WANT"
-{'if command -v cmp >/dev/null 2>&1; then cmp -s "$SRC" "$LIVE" || fail ' + str(_VERIFY) + ' "$LIVE differs from $SRC byte for byte"; fi' if byte_compare else ''}
-{history_printf} >> "$S/history.jsonl" \\
-  || fail {_WRITE} "the swap is done but appending to $S/history.jsonl failed (disk full?)"
-sync "$D" "$S/history.jsonl" 2>/dev/null || sync  # the rename (directory) and the record
-[ -n "$UP" ] && rm -f "$STG"
-# uploads orphaned by a dropped connection (this one is gone already): older than a day
-[ -n "$UP" ] && command -v find >/dev/null 2>&1 && find "${{UP%/*}}" -maxdepth 1 -name '.vgpu-patch-upload-*' -mtime +0 -exec rm -f {{}} + 2>/dev/null
-printf '@@ok %s %s %s\\n' "${{REC:--}}" "${{BK:--}}" "$(stat -c %i "$LIVE")"
-printf '\\n@@vgpu maps\\n'
-{F.maps_snippet()}
-exit 0
-"""
+_history_printf, _manifest_printf = S.history_printf, S.manifest_printf
 
 
 def _raise_for(t: Transport, code: int, out: str, where: str) -> None:
@@ -237,6 +93,8 @@ def _raise_for(t: Transport, code: int, out: str, where: str) -> None:
         raise DeployError(f"{t.name}: {msg}; live file untouched: fix the build (vgpu-patch check)")
     if code == _VERIFY:
         raise IntegrityError(f"{t.name}: {msg}; inspect the node and use `vgpu-patch rollback`")
+    if code == _UNSAFE:
+        raise DeployError(f"{t.name}:{where}: {msg}")
     if code == _WRITE:
         raise DeployError(f"{t.name}:{where}: {msg}; the live file is whole (old or new): see `vgpu-patch status`")
     raise DeployError(f"{t.name}:{where}: the swap script failed with exit {code}: {msg}")
@@ -249,10 +107,10 @@ def _run_swap(t: Transport, script: str, where: str) -> tuple[str, list[F.Mapped
     out = res.stdout
     if "@@noop" in out:
         return "noop", [], None, 0, None
-    line = next((ln for ln in out.splitlines() if ln.startswith("@@ok ")), None)
+    line = next((ln for ln in out.splitlines() if ln.startswith("@@ok\t")), None)
     if line is None:
         raise DeployError(f"{t.name}:{where}: the swap script ended without a result; check `vgpu-patch status`")
-    _, cur, bk, ino = line.split()
+    _, cur, bk, ino = line.split("\t")  # tabs: a backup path may hold spaces
     maps_part = out.split("@@vgpu maps", 1)[1] if "@@vgpu maps" in out else ""
     mapped = F.parse_maps([ln for ln in maps_part.splitlines() if ln.strip()])
     return "ok", mapped, (None if bk == "-" else bk), int(ino), (None if cur == "-" else cur)
@@ -269,6 +127,16 @@ def _stale(mapped: list[F.MappedLib], inode: int) -> list[int]:
     return sorted({m.pid for m in mapped if m.deleted or m.inode != inode})
 
 
+def _checkpoint(t: Transport, should_stop: Callable[[], bool] | None) -> None:
+    if should_stop is not None and should_stop():
+        raise StopRequested(f"{t.name}: not changed: the rollout is stopping (its failure budget is spent)")
+
+
+def _refuse_unsafe_state(t: Transport, facts: F.NodeFacts) -> None:
+    if facts.state_problem:
+        raise DeployError(f"{t.name}:{facts.target_dir}: {facts.state_problem}")
+
+
 def deploy_file(
     t: Transport,
     source: Path | str,
@@ -281,19 +149,30 @@ def deploy_file(
     action: str = "deploy",
     check: bool = False,
     hooks: SwapHooks | None = None,
+    should_stop: Callable[[], bool] | None = None,
 ) -> SwapResult:
     """Swap `source` in as the node's live library (see the module docstring for the guarantees).
 
     `check=True` also runs `vgpu-patch check` on `source` against the live file (fetched once per
-    distinct vendor sha256) and refuses on a blocking problem.
+    distinct vendor sha256) and refuses on a blocking problem. `should_stop` is asked before the upload
+    and before the swap: when it says yes, the node is left untouched (StopRequested).
     """
     cand = inspect(source)
     node_dir = target_dir.rstrip("/") or "/"
     facts = F.gather(t, node_dir, maps=False)
+    _refuse_unsafe_state(t, facts)
     live = F.choose_live(facts, t.name)
     live_path = live.path if live else f"{node_dir}/{F.LIB}"
     preflight(facts, cand, t.name, live, install=install)
-    plan = list(plan_swap(facts, live, live_path, cand.sha256, source=cand.path.name, upload=True))
+    upload = f"{UPLOAD_DIR}/.vgpu-patch-upload-{cand.sha256[:12]}-{secrets.token_hex(6)}"
+    plan = list(plan_swap(
+        facts, live, live_path, cand.sha256, source=cand.path.name, upload=True,
+        prepare=S.prepare(real_dir=t.path(node_dir), live_real=t.path(live_path), want=cand.sha256,
+                          upload_real=t.path(upload), source_real=None, upload_dir=t.path(UPLOAD_DIR)),
+        manifest_printf=_manifest_printf(live_path, operator, tool),
+        history_printf=_history_printf(action, live_path, cand.sha256, operator, tool),
+        in_lock=hooks.in_lock if hooks else "",
+    ))
     result = SwapResult(t.name, action, False, live_path, live.sha256 if live else None, cand.sha256, plan=plan)
     if plan[0].kind == "noop":
         return result
@@ -304,23 +183,22 @@ def deploy_file(
     if dry_run:
         result.pending = True
         return result
-    upload = f"/tmp/.vgpu-patch-upload-{cand.sha256[:12]}-{secrets.token_hex(6)}"
-    script = _swap_script(
-        real_dir=t.path(node_dir), live_real=t.path(live_path), want=cand.sha256,
-        upload_real=t.path(upload), source_real=None,
-        history_printf=_history_printf(action, live_path, cand.sha256, operator, tool),
-        manifest_printf=_manifest_printf(live_path, operator, tool),
-        byte_compare=False, in_lock=hooks.in_lock if hooks else "",
-    )
+    _checkpoint(t, should_stop)
     try:
         t.put(cand.path, upload)
         if hooks and hooks.after_upload:
             hooks.after_upload(t.path(upload))
-        state, mapped, bk, ino, replaced = _run_swap(t, script, node_dir)
+        _checkpoint(t, should_stop)
     except BaseException:
-        if _alive(t):  # the script removes the upload itself; this covers failures before it ran
-            with contextlib.suppress(Exception):  # never mask the real failure with a cleanup one
-                t.run(f"rm -f {shlex.quote(t.path(upload))}", sudo=True, warn=True, timeout=30)
+        _remove_upload(t, upload, redial=True)  # a partial or unused upload: nothing else will remove it
+        raise
+    try:
+        state, mapped, bk, ino, replaced = _run_swap(t, S.script([st.sh for st in plan]), node_dir)
+    except BaseException:
+        # the script removes the upload itself, and may still be running orphaned (it finishes a swap
+        # it started): only an intact link may remove it here
+        if _alive(t):
+            _remove_upload(t, upload, redial=False)
         raise
     if state == "noop":
         result.plan = [Step("noop", f"{live_path} reached sha256 {cand.sha256[:12]} meanwhile: nothing to do")]
@@ -331,38 +209,75 @@ def deploy_file(
     return result
 
 
+def _remove_upload(t: Transport, upload: str, *, redial: bool) -> None:
+    """Best effort, never masking the real failure: over a dropped link, one quick re-dial to remove it."""
+    with contextlib.suppress(Exception):  # never mask the real failure with a cleanup one
+        if not _alive(t):
+            if not redial:
+                return
+            quick = getattr(t, "redial_quickly", None)
+            if callable(quick):
+                quick()
+        t.run(f"rm -f {shlex.quote(t.path(upload))}", warn=True, timeout=15)
+
+
 def _alive(t: Transport) -> bool:
-    """Whether a cleanup command is worth trying (an SSH link that dropped is not re-dialled for it)."""
+    """Whether the transport's link is still up (a dropped SSH link needs a re-dial first)."""
     alive = getattr(t, "_alive", None)
     return alive() if callable(alive) else True
 
 
+rollback_stack = S.rollback_stack
+
+
 def choose_backup(facts: F.NodeFacts, live: F.LibFile | None, to_sha256: str | None, node: str) -> dict:
-    """The backup to restore: the one named (a unique prefix of 6+ hex is fine), else the previous file."""
-    # never restore a backup that is not a whole library (older versions kept empty files caught mid-copy)
-    present = [b for b in facts.backups if b.get("present") and int(b.get("size") or 0) > 64]
-    if to_sha256:
-        want = to_sha256.lower()
-        if len(want) < 6:
-            raise UsageError(f"--to {to_sha256}: give at least 6 hex digits of a backup's sha256")
-        hits = [b for b in present if str(b.get("sha256", "")).startswith(want)]
-        if len(hits) != 1:
-            known = ", ".join(str(b["sha256"])[:12] for b in present) or "none"
-            raise DeployError(
-                f"{node}:{facts.target_dir}: {'no' if not hits else 'several'} backups match {to_sha256} "
-                f"(kept: {known}); see `vgpu-patch status`"
-            )
-        return hits[0]
-    if live is not None:
-        for entry in reversed(facts.history):
-            if entry.get("to_sha256") == live.sha256 and entry.get("from_sha256"):
-                b = facts.backup(entry["from_sha256"])
-                if b is not None and b in present:
-                    return b
-    others = [b for b in present if live is None or b.get("sha256") != live.sha256]
-    if not others:
-        raise DeployError(f"{node}:{facts.target_dir}: no backup to roll back to; nothing was changed")
-    return others[-1]
+    """The backup to restore: `previous` (the stack's top), `vendor` (its bottom), or a sha256 (6+ hex).
+
+    A backup that is not a whole library (older versions kept empty files, or files caught mid-copy, and
+    recorded them as from_sha256) is never restored: it is neither on the stack nor matched by --to.
+    """
+    where = f"{node}:{facts.target_dir}"
+    present = [b for b in facts.backups if b.get("present") and _whole(b)]
+    whole = {str(b.get("sha256")) for b in present}
+    want = (to_sha256 or "previous").lower()
+    if want in ("previous", "vendor"):
+        partial = {str(b.get("sha256")) for b in facts.backups if not _whole(b)}
+        stack = [h for h in rollback_stack(facts.history)
+                 if (live is None or h != live.sha256) and h not in partial]
+        # no records, or none that replaced a restorable file: the newest other (whole) backup
+        recorded = any(isinstance(e.get("from_sha256"), str) and e["from_sha256"] in whole for e in facts.history)
+        if not stack and not recorded:
+            others = [b for b in present if live is None or b.get("sha256") != live.sha256]
+            if not others:
+                raise DeployError(f"{where}: no backup to roll back to; nothing was changed")
+            return others[-1]
+        if not stack:
+            raise DeployError(f"{where}: no earlier file to roll back to (the live file is the oldest recorded: "
+                              f"every swap has been rolled back); pick a backup with --to SHA256, nothing was changed")
+        pick = stack[0] if want == "vendor" else stack[-1]
+        b = facts.backup(pick)
+        if b is None:
+            raise DeployError(f"{where}: the backup of {pick[:12]} ({want}) is missing from {facts.target_dir}/"
+                              f"{F.STATE}/backups; pick another with --to SHA256, nothing was changed")
+        return b
+    if len(want) < 6 or any(c not in "0123456789abcdef" for c in want):
+        raise UsageError(f"--to {to_sha256}: give previous, vendor, or at least 6 hex digits of a backup's sha256")
+    hits = [b for b in present if str(b.get("sha256", "")).startswith(want)]
+    if len(hits) != 1:
+        known = ", ".join(str(b["sha256"])[:12] for b in present) or "none"
+        raise DeployError(
+            f"{where}: {'no' if not hits else 'several'} backups match {to_sha256} "
+            f"(kept: {known}); see `vgpu-patch status`"
+        )
+    return hits[0]
+
+
+def _whole(backup: dict) -> bool:
+    """Whether a backup's manifest describes a whole library (more than an ELF header's 64 bytes)."""
+    try:
+        return int(backup.get("size") or 0) > 64
+    except (TypeError, ValueError):
+        return False
 
 
 def rollback(
@@ -374,10 +289,12 @@ def rollback(
     tool: str = DEFAULT_TOOL,
     dry_run: bool = False,
     hooks: SwapHooks | None = None,
+    should_stop: Callable[[], bool] | None = None,
 ) -> SwapResult:
     """Restore a recorded backup the same atomic way, verified by sha256 and byte for byte."""
     node_dir = target_dir.rstrip("/") or "/"
-    facts = F.gather(t, node_dir, maps=False)
+    facts = F.gather(t, node_dir, history=F.ALL_HISTORY, maps=False)
+    _refuse_unsafe_state(t, facts)
     live = F.choose_live(facts, t.name)
     backup = choose_backup(facts, live, to_sha256, t.name)
     want = str(backup["sha256"])
@@ -385,19 +302,20 @@ def rollback(
     if not live_path.startswith(node_dir + "/"):
         live_path = f"{node_dir}/{F.LIB}"
     src_node = f"{node_dir}/{F.STATE}/backups/{want}.so"
-    plan = list(plan_swap(facts, live, live_path, want, source=src_node, upload=False))
+    plan = list(plan_swap(
+        facts, live, live_path, want, source=src_node, upload=False,
+        prepare=S.prepare(real_dir=t.path(node_dir), live_real=t.path(live_path), want=want, upload_real=None,
+                          source_real=t.path(src_node), upload_dir=None),
+        manifest_printf=_manifest_printf(live_path, operator, tool),
+        history_printf=_history_printf("rollback", live_path, want, operator, tool),
+        byte_compare=True, in_lock=hooks.in_lock if hooks else "",
+    ))
     result = SwapResult(t.name, "rollback", False, live_path, live.sha256 if live else None, want, plan=plan)
     if plan[0].kind == "noop" or dry_run:
         result.pending = plan[0].kind != "noop"
         return result
-    script = _swap_script(
-        real_dir=t.path(node_dir), live_real=t.path(live_path), want=want,
-        upload_real=None, source_real=t.path(src_node),
-        history_printf=_history_printf("rollback", live_path, want, operator, tool),
-        manifest_printf=_manifest_printf(live_path, operator, tool), byte_compare=True,
-        in_lock=hooks.in_lock if hooks else "",
-    )
-    state, mapped, bk, ino, replaced = _run_swap(t, script, node_dir)
+    _checkpoint(t, should_stop)
+    state, mapped, bk, ino, replaced = _run_swap(t, S.script([st.sh for st in plan]), node_dir)
     if state == "noop":
         return result
     result.changed, result.backup = True, _node_path(t, bk, node_dir)
@@ -428,7 +346,8 @@ def node_status(t: Transport, target_dir: str = DEFAULT_DIR, *, history: int = 5
         stale_pids=facts.stale_pids(live) if live else sorted({m.pid for m in facts.mapped}),
         arch=facts.arch,
         glibc=".".join(map(str, facts.glibc)) if facts.glibc else None,
-        problem=problem or (None if live else f"no {F.LIB} in {node_dir}"),
+        problem=facts.state_problem or problem or (None if live else f"no {F.LIB} in {node_dir}"),
+        warnings=facts.warnings,
     )
 
 

@@ -36,10 +36,15 @@ def first_line(text: str, limit: int = 200) -> str:
     return ""
 
 
-def sudo_wrap(cmd: str) -> str:
-    """`cmd` run by root through `sudo -n sh -c`, printing SUDO_MARKER first on stdout."""
+def sudo_wrap(cmd: str, *, password: bool = False, stdin: bool = False) -> str:
+    """`cmd` run by root through `sudo sh -c`, printing SUDO_MARKER first on stdout.
+
+    Without a password sudo must not ask (`-n`); with one it asks at SUDO_PROMPT, on the terminal,
+    or reading stdin (`-S`) when there is no terminal.
+    """
     inner = f"printf '%s\\n' {SUDO_MARKER}; {cmd}"
-    return f"sudo -n -p {shlex.quote(SUDO_PROMPT)} sh -c {shlex.quote(inner)}"
+    mode = ("-S " if stdin else "") if password else "-n "
+    return f"sudo {mode}-p {shlex.quote(SUDO_PROMPT)} sh -c {shlex.quote(inner)}"
 
 
 def sudo_unwrap(node: str, result: Result) -> Result:
@@ -48,10 +53,13 @@ def sudo_unwrap(node: str, result: Result) -> Result:
     idx = out.find(SUDO_MARKER)
     if idx < 0:
         why = first_line(result.stderr) or first_line(out) or f"exit {result.exited}"
+        if "password is required" in why or SUDO_PROMPT.strip() in out + result.stderr:
+            raise AuthFailure(f"{node}: sudo refused ({why}); if this user may sudo with a password, rerun with "
+                              f"--ask-become-pass, else allow it passwordless sudo for /bin/sh or log in as root")
         raise AuthFailure(
             f"{node}: sudo refused ({why}); allow this user passwordless sudo for /bin/sh or log in as root"
         )
-    before, after = out[:idx], out[idx + len(SUDO_MARKER) :]
+    before, after = out[:idx].replace(SUDO_PROMPT.strip(), ""), out[idx + len(SUDO_MARKER) :]
     result.stdout = before + after.lstrip("\r\n") if before.strip() else after.lstrip("\r\n")
     return result
 

@@ -3,18 +3,62 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 import subprocess
 from pathlib import Path
 
-from ..errors import DeployError
+from ..errors import DeployError, UsageError
 from .base import Result, Transport, sudo_unwrap, sudo_wrap
+
+_MAX_LINKS = 40  # like the kernel's ELOOP limit
+
+
+def resolve_in_root(root: Path | str, node_path: str) -> str:
+    """Where `node_path` of a node whose `/` is `root` really is, resolved as if chrooted there.
+
+    Symlinks are followed component by component with `root` as `/`: an absolute target is re-rooted
+    under `root`, and `..` stops at `root`. The answer is always inside `root`, never outside it
+    (`--local ROOT` and the agent's `--host-root`). The last component may be missing.
+    """
+    base = os.path.realpath(str(root))
+    if base == "/":
+        return os.path.normpath("/" + node_path.lstrip("/"))
+    todo = [p for p in node_path.split("/") if p]
+    done: list[str] = []
+    links = 0
+    while todo:
+        part = todo.pop(0)
+        if part == ".":
+            continue
+        if part == "..":
+            if done:
+                done.pop()
+            continue
+        real = os.path.join(base, *done, part)
+        try:
+            st = os.lstat(real)
+        except OSError:
+            done.append(part)
+            continue
+        if stat.S_ISLNK(st.st_mode):
+            links += 1
+            if links > _MAX_LINKS:
+                raise UsageError(f"{node_path}: too many levels of symlinks under {base}")
+            target = os.readlink(real)
+            if target.startswith("/"):
+                done = []
+            todo = [p for p in target.split("/") if p] + todo
+            continue
+        done.append(part)
+    return os.path.join(base, *done) if done else base
 
 
 class LocalTransport(Transport):
     """Commands via `sh -c` here; absolute node paths map under `root` (default `/`, the real system).
 
-    Only file paths the deploy code passes through `path()` are mapped: scripts see the real location.
-    sudo is used only when managing the real system (`root` is `/`) as a non-root user.
+    Only file paths the deploy code passes through `path()` are mapped (confined by resolve_in_root):
+    scripts see the real location. sudo is used only when managing the real system (`root` is `/`) as a
+    non-root user.
     """
 
     def __init__(self, root: Path | str | None = None, name: str | None = None) -> None:
@@ -24,7 +68,7 @@ class LocalTransport(Transport):
     def path(self, node_path: str) -> str:
         if str(self.root) == "/":
             return node_path
-        return str(self.root / node_path.lstrip("/"))
+        return resolve_in_root(self.root, node_path)
 
     def _needs_sudo(self, sudo: bool) -> bool:
         return sudo and os.geteuid() != 0 and str(self.root) == "/"
@@ -33,12 +77,12 @@ class LocalTransport(Transport):
         wrapped = self._needs_sudo(sudo)
         full = sudo_wrap(cmd) if wrapped else cmd
         try:
-            proc = subprocess.run(
-                ["sh", "-c", full], capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
-            )
+            proc = subprocess.run(["sh", "-c", full], capture_output=True, timeout=timeout, stdin=subprocess.DEVNULL)
         except subprocess.TimeoutExpired as e:
             raise DeployError(f"{self.name}: command timed out after {timeout}s: {cmd.splitlines()[0][:80]}") from e
-        result = Result(proc.returncode == 0, proc.returncode, proc.stdout, proc.stderr, cmd)
+        # node files may hold any bytes (a damaged history line): decode like the SSH transport, never crash
+        out, err = proc.stdout.decode(errors="replace"), proc.stderr.decode(errors="replace")
+        result = Result(proc.returncode == 0, proc.returncode, out, err, cmd)
         if wrapped:
             result = sudo_unwrap(self.name, result)
         return self._check(result, warn)
@@ -47,13 +91,21 @@ class LocalTransport(Transport):
         dest = Path(self.path(remote_path))
         try:
             dest.parent.mkdir(parents=True, exist_ok=True)
-            with open(local_path, "rb") as src, open(dest, "xb") as out:
-                shutil.copyfileobj(src, out, 1 << 20)
+            # new, private, and never through a planted symlink
+            fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            try:
+                with open(local_path, "rb") as src, os.fdopen(fd, "wb") as out:
+                    shutil.copyfileobj(src, out, 1 << 20)
+            except BaseException:
+                dest.unlink(missing_ok=True)
+                raise
         except OSError as e:
             raise DeployError(f"{self.name}: upload to {remote_path} failed: {e.strerror or e}") from e
 
     def get(self, remote_path: str, local_path: Path | str) -> None:
         try:
-            shutil.copyfile(self.path(remote_path), local_path)
+            fd = os.open(self.path(remote_path), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            with os.fdopen(fd, "rb") as src, open(local_path, "wb") as out:
+                shutil.copyfileobj(src, out, 1 << 20)
         except OSError as e:
             raise DeployError(f"{self.name}: download of {remote_path} failed: {e.strerror or e}") from e

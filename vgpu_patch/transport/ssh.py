@@ -1,8 +1,11 @@
-"""The SSH backend (paramiko): lazy connect, known_hosts checking, ProxyJump, `sudo -n` with a pty.
+"""The SSH backend (paramiko): lazy connect, known_hosts checking, ProxyJump/ProxyCommand, sudo with a pty.
 
-Host keys are checked against a known_hosts file. An unknown key is refused (HostKeyError naming the
-fingerprint and `--accept-new-host-keys`) unless `accept_new_host_keys`, which appends it (TOFU).
-A changed key is always refused.
+Host keys are checked against the user's known_hosts files and the global ones (/etc/ssh/ssh_known_hosts),
+read by known_hosts.py (hashed names, patterns, `@revoked` refused, `@cert-authority` skipped). An unknown
+key is refused (HostKeyError naming the fingerprint and `--accept-new-host-keys`) unless
+`accept_new_host_keys`, which appends it to the first user file (TOFU). A changed or revoked key is
+always refused. With a become password, sudo asks at a fixed prompt and the password is sent only when
+that prompt appears; a second prompt means sudo rejected it (AuthFailure).
 """
 from __future__ import annotations
 
@@ -17,7 +20,9 @@ from pathlib import Path
 import paramiko
 
 from ..errors import AuthFailure, ConnectionFailure, DeployError, HostKeyError
-from .base import Result, Transport, sudo_unwrap, sudo_wrap
+from .base import SUDO_MARKER, SUDO_PROMPT, Result, Transport, sudo_unwrap, sudo_wrap
+from .known_hosts import KnownHosts, lookup_name
+from .sshconfig import DEFAULT_GLOBAL_KNOWN_HOSTS
 
 DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
 _CHUNK = 32768
@@ -34,28 +39,52 @@ def known_hosts_name(host: str, port: int) -> str:
 
 
 class _HostKeyPolicy(paramiko.MissingHostKeyPolicy):
-    """Unknown key: refuse, or record it when first use is accepted."""
+    """A key not known for this host: refuse it (revoked, or unknown), or record it when first use is accepted."""
 
-    def __init__(self, known_hosts: Path, accept_new: bool, lock: threading.Lock) -> None:
+    def __init__(self, known_hosts: Path, accept_new: bool, lock: threading.Lock, kh: KnownHosts, name: str) -> None:
         self.known_hosts = known_hosts
         self.accept_new = accept_new
         self.lock = lock
+        self.kh = kh
+        self.name = name
 
     def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
         fp = fingerprint(key)
-        if not self.accept_new:
+        bad = self.kh.revoked(key.asbytes())
+        if bad is not None:
             raise HostKeyError(
-                f"{hostname}: unknown host key {key.get_name()} {fp} (not in {self.known_hosts}); "
+                f"{hostname}: host key {key.get_name()} {fp} is marked @revoked in {bad.where}; refusing: "
+                f"the node's key was withdrawn, get its new key from its administrator"
+            )
+        if not self.accept_new:
+            files = ", ".join(self.kh.files) or str(self.known_hosts)
+            ca = (" (a @cert-authority line covers this host, but host certificates are not verified here: "
+                  "add the host key itself)") if self.kh.has_cert_authority_for(self.name) else ""
+            raise HostKeyError(
+                f"{hostname}: unknown host key {key.get_name()} {fp} (not in {files}){ca}; "
                 f"verify it, then add it or rerun with --accept-new-host-keys"
             )
         with self.lock:  # fleet runs append from many threads
             self.known_hosts.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
             with open(self.known_hosts, "a") as f:
-                f.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
+                f.write(f"{self.name} {key.get_name()} {key.get_base64()}\n")
         client.get_host_keys().add(hostname, key.get_name(), key)
 
 
 _KNOWN_HOSTS_LOCK = threading.Lock()
+
+
+def _open_private(sftp: paramiko.SFTPClient, path: str) -> paramiko.SFTPFile:
+    """SFTP open(2) with O_CREAT|O_EXCL|O_WRONLY and mode 0600 in the request (paramiko's open sends no mode)."""
+    from paramiko.sftp import CMD_HANDLE, CMD_OPEN, SFTP_FLAG_CREATE, SFTP_FLAG_EXCL, SFTP_FLAG_WRITE
+
+    attrs = paramiko.SFTPAttributes()
+    attrs.st_mode = 0o600
+    flags = SFTP_FLAG_WRITE | SFTP_FLAG_CREATE | SFTP_FLAG_EXCL
+    t, msg = sftp._request(CMD_OPEN, path, flags, attrs)  # type: ignore[attr-defined]
+    if t != CMD_HANDLE:
+        raise paramiko.SFTPError("Expected handle")
+    return paramiko.SFTPFile(sftp, msg.get_binary(), "wb", -1)
 
 
 class SSHTransport(Transport):
@@ -68,24 +97,39 @@ class SSHTransport(Transport):
         port: int = 22,
         user: str | None = None,
         key_filenames: Sequence[str] = (),
-        known_hosts: Path | str | None = None,
+        known_hosts: Path | str | Sequence[str] | None = None,
+        global_known_hosts: Sequence[str] | None = None,
         accept_new_host_keys: bool = False,
         jump: SSHTransport | None = None,
+        proxy_command: str | None = None,
+        host_key_alias: str | None = None,
+        become_password: str | None = None,
         connect_timeout: float = 15.0,
         allow_agent: bool = True,
         name: str | None = None,
-        pty_for_sudo: bool = True,
+        pty_for_sudo: bool | None = None,
         use_sudo: bool | None = None,
     ) -> None:
         self.hostname = hostname
         self.port = port
         self.user = user or os.environ.get("USER") or "root"
         self.key_filenames = [os.path.expanduser(k) for k in key_filenames]
-        self.known_hosts = Path(os.path.expanduser(str(known_hosts or DEFAULT_KNOWN_HOSTS)))
+        if isinstance(known_hosts, (str, Path)):
+            files = [str(known_hosts)]
+        else:
+            files = list(known_hosts or [DEFAULT_KNOWN_HOSTS])
+        self.user_known_hosts = [os.path.expanduser(f) for f in files]
+        self.known_hosts = Path(self.user_known_hosts[0])  # where an accepted new key is written
+        gkh = DEFAULT_GLOBAL_KNOWN_HOSTS if global_known_hosts is None else global_known_hosts
+        self.global_known_hosts = list(gkh)
+        self.proxy_command = proxy_command
+        self.host_key_alias = host_key_alias
+        self.become_password = become_password
         self.accept_new_host_keys = accept_new_host_keys
         self.jump = jump
         self.connect_timeout = connect_timeout
         self.allow_agent = allow_agent
+        # None: sudo without a terminal, then (once, remembered) with one if sudoers says `requiretty`
         self.pty_for_sudo = pty_for_sudo
         # None: sudo for privileged steps unless logged in as root; False: the login user does them
         self.use_sudo = use_sudo
@@ -100,21 +144,32 @@ class SSHTransport(Transport):
             if self._client is not None and live is not None and live.is_active():
                 return self._client
             client = paramiko.SSHClient()
-            if self.known_hosts.exists():
+            kh = KnownHosts.load([*self.user_known_hosts, *self.global_known_hosts])
+            # OpenSSH looks a HostKeyAlias up as written (no port), else `[host]:port` off port 22
+            name = self.host_key_alias or lookup_name(self.hostname, self.port)
+            as_paramiko = lookup_name(self.hostname, self.port)  # the name paramiko looks the key up by
+            for e in kh.for_host(name):
                 try:
-                    client.load_host_keys(str(self.known_hosts))
-                except (OSError, paramiko.SSHException) as e:
-                    raise HostKeyError(f"{self.name}: cannot read {self.known_hosts}: {e}; "
-                                       "fix or pass --known-hosts") from e
+                    key = paramiko.PKey.from_type_string(e.key_type, e.key_blob)
+                    client.get_host_keys().add(as_paramiko, e.key_type, key)
+                except (paramiko.SSHException, ValueError, TypeError):
+                    continue  # a key type paramiko does not know: OpenSSH would not offer it either
             client.set_missing_host_key_policy(
-                _HostKeyPolicy(self.known_hosts, self.accept_new_host_keys, _KNOWN_HOSTS_LOCK)
+                _HostKeyPolicy(self.known_hosts, self.accept_new_host_keys, _KNOWN_HOSTS_LOCK, kh, name)
             )
             missing = [k for k in self.key_filenames if not os.path.exists(k)]
             if missing:
                 raise AuthFailure(f"{self.name}: identity file {missing[0]} does not exist; fix IdentityFile, "
                                   f"ansible_ssh_private_key_file or -i")
-            sock = None
-            if self.jump is not None:
+            sock: paramiko.ProxyCommand | paramiko.Channel | None = None
+            if self.proxy_command:
+                try:
+                    sock = paramiko.ProxyCommand(self.proxy_command)
+                except (OSError, paramiko.SSHException) as e:
+                    raise ConnectionFailure(
+                        f"{self.name}: ProxyCommand {self.proxy_command!r} could not start ({e}); fix ProxyCommand"
+                    ) from e
+            elif self.jump is not None:
                 try:
                     jt = self.jump._connect().get_transport()
                     assert jt is not None
@@ -154,8 +209,10 @@ class SSHTransport(Transport):
                 ) from e
             except (OSError, paramiko.SSHException, EOFError) as e:
                 client.close()
-                raise ConnectionFailure(f"{self.name}: cannot connect ({e or type(e).__name__}); "
-                                        "check host, port and network") from e
+                via = f" through ProxyCommand {self.proxy_command!r}" if self.proxy_command else ""
+                raise ConnectionFailure(
+                    f"{self.name}: cannot connect{via} ({e or type(e).__name__}); check host, port and network"
+                ) from e
             self._client = client
             return client
 
@@ -172,9 +229,21 @@ class SSHTransport(Transport):
         return self.use_sudo is True or self.user != "root"
 
     def run(self, cmd: str, *, sudo: bool = False, warn: bool = False, timeout: float | None = None) -> Result:
+        if not (self._needs_sudo(sudo) and self.pty_for_sudo is None):
+            return self._run(cmd, sudo=sudo, warn=warn, timeout=timeout)
+        try:
+            return self._run(cmd, sudo=sudo, warn=warn, timeout=timeout, pty=False)
+        except AuthFailure as e:
+            if "tty" not in str(e):  # sudo's "you must have a tty": sudoers has `requiretty`
+                raise
+        self.pty_for_sudo = True  # sudo refused before running anything: retrying is safe
+        return self._run(cmd, sudo=sudo, warn=warn, timeout=timeout)
+
+    def _run(self, cmd: str, *, sudo: bool, warn: bool, timeout: float | None, pty: bool | None = None) -> Result:
         wrapped = self._needs_sudo(sudo)
-        full = sudo_wrap(cmd) if wrapped else cmd
-        use_pty = wrapped and self.pty_for_sudo  # sudoers `requiretty` needs a terminal
+        use_pty = wrapped and bool(self.pty_for_sudo if pty is None else pty)  # sudoers `requiretty` needs one
+        password = self.become_password if wrapped else None
+        full = sudo_wrap(cmd, password=password is not None, stdin=not use_pty) if wrapped else cmd
         client = self._connect()
         try:
             chan = client.get_transport().open_session(timeout=self.connect_timeout)  # type: ignore[union-attr]
@@ -183,8 +252,13 @@ class SSHTransport(Transport):
                 chan.get_pty(term="dumb", width=500, height=50)
             chan.settimeout(timeout)
             chan.exec_command(full)
-            chan.shutdown_write()
+            watching = password is not None and use_pty  # send it at sudo's prompt (echo off), once
+            if password is not None and not use_pty:
+                chan.sendall((password + "\n").encode())  # sudo -S reads one line from stdin
+            if not watching:
+                chan.shutdown_write()
             out, err = bytearray(), bytearray()
+            sent = False
             while True:  # stdout to EOF, draining stderr as it comes so neither stream stalls the window
                 data = chan.recv(_CHUNK)
                 if not data:
@@ -192,6 +266,18 @@ class SSHTransport(Transport):
                 out += data
                 while chan.recv_stderr_ready():
                     err += chan.recv_stderr(_CHUNK)
+                if watching:
+                    text = out.decode(errors="replace")
+                    if SUDO_MARKER in text:
+                        watching = False
+                        chan.shutdown_write()
+                    elif text.count(SUDO_PROMPT.strip()) > (1 if sent else 0):
+                        if sent:  # asked again: the password was wrong
+                            chan.close()
+                            raise AuthFailure(f"{self.name}: sudo rejected the password given with "
+                                              f"--ask-become-pass; check it and rerun (nothing changed)")
+                        chan.sendall((password + "\n").encode())  # type: ignore[operator]
+                        sent = True
             while True:
                 data = chan.recv_stderr(_CHUNK)
                 if not data:
@@ -199,6 +285,8 @@ class SSHTransport(Transport):
                 err += data
             code = chan.recv_exit_status()
             chan.close()
+        except AuthFailure:
+            raise
         except socket.timeout as e:
             raise DeployError(f"{self.name}: command timed out after {timeout}s: {cmd.splitlines()[0][:80]}") from e
         except (OSError, paramiko.SSHException, EOFError) as e:
@@ -222,8 +310,9 @@ class SSHTransport(Transport):
         try:
             sftp = client.open_sftp()
             try:
-                # "x": O_EXCL, never follow or reuse a pre-planted file in a shared /tmp
-                with open(local_path, "rb") as src, sftp.open(remote_path, "wbx") as dst:
+                # O_EXCL and mode 0600 from the start: never reuse a pre-planted file in a shared /tmp,
+                # and never let another user read (or race) a half-written upload
+                with open(local_path, "rb") as src, _open_private(sftp, remote_path) as dst:
                     dst.set_pipelined(True)
                     while True:
                         chunk = src.read(_CHUNK)
@@ -241,8 +330,17 @@ class SSHTransport(Transport):
                 self.close()
                 raise ConnectionFailure(
                     f"{self.name}: connection lost during upload to {remote_path} ({e}); rerun") from e
-            raise DeployError(f"{self.name}: upload to {remote_path} failed ({e}); "
-                              "check free space and permissions") from e
+            raise DeployError(
+                f"{self.name}: upload to {remote_path} failed ({e}); check free space and permissions") from e
+
+    def redial_quickly(self, timeout: float = 5.0) -> None:
+        """Reconnect with a short timeout (to clean up after a dropped link); raises if that fails too."""
+        self.close()
+        saved, self.connect_timeout = self.connect_timeout, min(self.connect_timeout, timeout)
+        try:
+            self._connect()
+        finally:
+            self.connect_timeout = saved
 
     def _alive(self) -> bool:
         t = self._client.get_transport() if self._client is not None else None
