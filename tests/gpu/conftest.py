@@ -70,3 +70,33 @@ def gpu(tmp_path_factory: pytest.TempPathFactory) -> Gpu:
     subprocess.run(cc + ["-O2", "-Wall", f"-I{header_dir()}", str(HERE / "probe.c"), "-o", str(probe), "-ldl",
                          "-lpthread"], check=True)
     return Gpu(shim, probe, tmp)
+
+
+@pytest.fixture(scope="session")
+def region_gpu(gpu: Gpu) -> Path:
+    """c_src/tests/gpu/region_gpu.c: holds or loops on the real driver for the region tests."""
+    from vgpu_patch.build import header_dir
+
+    out = gpu.tmp / "region_gpu"
+    cc = os.environ.get("CC", "gcc")
+    subprocess.run([cc, "-O2", "-Wall", f"-I{header_dir()}", str(HERE.parents[1] / "c_src" / "tests" / "gpu" /
+                                                                  "region_gpu.c"), "-o", str(out), "-ldl"], check=True)
+    return out
+
+
+def kv(text: str) -> dict[str, str]:
+    return dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
+
+
+def start_hold(exe: Path, env: dict[str, str], mib: int) -> tuple[subprocess.Popen, dict[str, str]]:
+    """`region_gpu hold MIB` in the background, once it has allocated and printed `ready=1`."""
+    p = subprocess.Popen([str(exe), "hold", str(mib)], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    lines = []
+    while True:
+        line = p.stdout.readline()
+        if not line:
+            raise AssertionError(f"hold exited early: {p.stderr.read()}")
+        lines.append(line)
+        if line.startswith("ready="):
+            return p, kv("".join(lines))

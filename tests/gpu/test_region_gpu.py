@@ -7,14 +7,13 @@ Prints the figures for docs/benchmarks.md:
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from .conftest import Gpu
+from .conftest import Gpu, kv, start_hold
 
 pytestmark = pytest.mark.gpu
 
@@ -24,39 +23,14 @@ GiB = 1 << 30
 LOOP_SECONDS = "4"
 
 
-@pytest.fixture(scope="module")
-def region_gpu(gpu: Gpu) -> Path:
-    from vgpu_patch.build import header_dir
 
-    out = gpu.tmp / "region_gpu"
-    cc = os.environ.get("CC", "gcc")
-    subprocess.run([cc, "-O2", "-Wall", f"-I{header_dir()}", str(ROOT / "c_src" / "tests" / "gpu" / "region_gpu.c"),
-                    "-o", str(out), "-ldl"], check=True)
-    return out
-
-
-def _kv(text: str) -> dict[str, str]:
-    return dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
-
-
-def _start_hold(exe: Path, env: dict, mib: int) -> tuple[subprocess.Popen, dict[str, str]]:
-    p = subprocess.Popen([str(exe), "hold", str(mib)], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)
-    lines = []
-    while True:
-        line = p.stdout.readline()
-        if not line:
-            raise AssertionError(f"hold exited early: {p.stderr.read()}")
-        lines.append(line)
-        if line.startswith("ready="):
-            return p, _kv("".join(lines))
 
 
 def test_two_processes_share_a_4g_limit(gpu: Gpu, region_gpu: Path) -> None:
     env = gpu.env("4g")  # one region file (CUDA_DEVICE_MEMORY_SHARED_CACHE) for both processes
-    a, ra = _start_hold(region_gpu, env, 2 * 1024)
+    a, ra = start_hold(region_gpu, env, 2 * 1024)
     try:
-        b, rb = _start_hold(region_gpu, env, 3 * 1024)
+        b, rb = start_hold(region_gpu, env, 3 * 1024)
         try:
             show = subprocess.run([sys.executable, "-m", "vgpu_patch.cli", "region", "show", "--json",
                                    env["CUDA_DEVICE_MEMORY_SHARED_CACHE"]], capture_output=True, text=True,
@@ -82,7 +56,7 @@ def _loop(gpu: Gpu, exe: Path, preload: bool, **extra: str) -> float:
     env = gpu.env(None, preload=preload, **extra)
     p = subprocess.run([str(exe), "loop", LOOP_SECONDS], env=env, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stdout + p.stderr
-    return float(_kv(p.stdout)["kernels_per_s"])
+    return float(kv(p.stdout)["kernels_per_s"])
 
 
 def test_sm_limit_scales_a_compute_bound_loop(gpu: Gpu, region_gpu: Path) -> None:

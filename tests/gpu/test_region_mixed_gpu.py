@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import Gpu
+from .conftest import Gpu, start_hold
 
 pytestmark = pytest.mark.gpu
 
@@ -50,21 +50,6 @@ print(json.dumps({"rc": rc, "procs": {str(buf[i].pid): buf[i].usedGpuMemory for 
 """
 
 
-def _kv(text: str) -> dict[str, str]:
-    return dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
-
-
-def _hold(exe: Path, env: dict, mib: int) -> tuple[subprocess.Popen, dict[str, str]]:
-    p = subprocess.Popen([str(exe), "hold", str(mib)], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)
-    lines = []
-    while True:
-        line = p.stdout.readline()
-        if not line:
-            raise AssertionError(f"hold exited early: {p.stderr.read()}")
-        lines.append(line)
-        if line.startswith("ready="):
-            return p, _kv("".join(lines))
 
 
 @pytest.fixture(scope="module")
@@ -83,16 +68,6 @@ def builds(gpu: Gpu) -> dict[str, Path]:
     return {"old": old, "new": gpu.shim}
 
 
-@pytest.fixture(scope="module")
-def region_gpu(gpu: Gpu) -> Path:
-    from vgpu_patch.build import header_dir
-
-    out = gpu.tmp / "region_gpu_mixed"
-    cc = os.environ.get("CC", "gcc")
-    subprocess.run([cc, "-O2", "-Wall", f"-I{header_dir()}", str(ROOT / "c_src" / "tests" / "gpu" / "region_gpu.c"),
-                    "-o", str(out), "-ldl"], check=True)
-    return out
-
 
 @pytest.mark.parametrize("first", ["old", "new"])
 def test_old_and_new_builds_share_a_4g_region(gpu: Gpu, builds: dict[str, Path], region_gpu: Path,
@@ -106,7 +81,7 @@ def test_old_and_new_builds_share_a_4g_region(gpu: Gpu, builds: dict[str, Path],
         # the first holds 2 GiB, the second tries for all of it, in 512 MiB pieces (a first one taking
         # everything would leave no room for the second's context, which this tree then refuses)
         for name, mib in zip(order, (2048, 4096)):
-            procs[name], res[name] = _hold(region_gpu, {**base, "LD_PRELOAD": str(builds[name])}, mib)
+            procs[name], res[name] = start_hold(region_gpu, {**base, "LD_PRELOAD": str(builds[name])}, mib)
         nv = subprocess.run([sys.executable, "-c", NVML_PROBE], env=base, capture_output=True, text=True, timeout=120)
         assert nv.returncode == 0, nv.stderr
         real = json.loads(nv.stdout)["procs"]
