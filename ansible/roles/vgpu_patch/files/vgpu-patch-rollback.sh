@@ -20,6 +20,7 @@ whole_lib() {
   [ "$2" -gt 64 ] || return 1
   command -v od >/dev/null 2>&1 || return 0  # no od: a non-empty file counts as whole
   [ "$(od -An -N4 -tx1 "$1" | tr -d ' \n')" = 7f454c46 ] || return 1
+  # shellcheck disable=SC2046  # od's numbers are meant to split into $2 .. $4
   set -- "$2" $(od -An -j40 -N8 -tu8 "$1" 2>/dev/null) $(od -An -j58 -N4 -tu2 "$1" 2>/dev/null)
   [ $# -eq 4 ] || return 0  # an od without 8-byte integers: the magic has to do
   [ $(( $2 + $3 * $4 )) -le "$1" ]
