@@ -28,6 +28,11 @@ def test_launches_reach_the_driver(env: Env) -> None:
 def test_fork_while_threads_allocate(env: Env) -> None:
     r = env.run_py("""
         assert shim.cuInit(0) == 0
+        # cffi takes ffi._lock on a library attribute's or a type's first use: a thread inside it at
+        # fork time would leave the child stuck on it (a harness hazard, not the shim's), so touch
+        # everything the threads and the children use before the threads start
+        shim.cuMemAlloc_v2, shim.cuMemFree_v2, shim.cuDevicePrimaryCtxRetain, shim.cuCtxSetCurrent
+        ffi.new("CUcontext *"), ffi.new("CUdeviceptr *")
         stop = False
         def churn(dev):
             ctx_on(dev)
