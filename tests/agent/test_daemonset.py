@@ -110,7 +110,8 @@ def test_dockerfile_matches_the_agent() -> None:
     text = (REPO / "deploy" / "Dockerfile").read_text()
     base = re.search(r"^ARG BASE_IMAGE=(\S+)$", text, re.M)
     assert base and re.search(r"^FROM \$\{BASE_IMAGE\}$", text, re.M)
-    assert "@sha256:" in base.group(1) and "python:3.11-slim" in base.group(1)  # pinned by digest, never a bare tag
+    # pinned by a real digest (64 hex digits), never a bare tag
+    assert re.fullmatch(r"docker\.io/library/python:3\.11[.\d]*-slim-bookworm@sha256:[0-9a-f]{64}", base.group(1))
     copy = re.search(r"^COPY out/libvgpu\.so out/(\S+) (\S+)$", text, re.M)
     assert copy and copy.group(2).rstrip("/") == IMAGE_LIB_DIR
     assert copy.group(1) == default_manifest(Path("libvgpu.so")).name  # the manifest the agent reads
