@@ -64,16 +64,11 @@ WHOLE_LIB = """whole_lib() {
 }"""
 
 
-def prepare(*, real_dir: str, live_real: str, want: str, upload_real: str | None, source_real: str | None,
-            upload_dir: str | None) -> str:
-    q = shlex.quote
-    return f"""D={q(real_dir)}; S="$D/{STATE}"; LIVE={q(live_real)}; WANT={q(want)}
-UP={q(upload_real or '')}; SRC={q(source_real or '')}; UPDIR={q(upload_dir or '')}
-NOW=$(date -u +%Y-%m-%dT%H:%M:%SZ); NOWJ="\\"$NOW\\""
-STG="$S/staging/$WANT.so"; TMP="$D/.${{LIVE##*/}}.vgpu-patch-tmp.$$"; BTMP=""; LOCKDIR=""; HELD=""; LT=""
-trap '' HUP PIPE  # a dropped connection must not stop a swap half-way: finish it
+# What both prologues (the CLI's and the Ansible role's) define after their parameters: the exit
+# cleanup (only what this run created), fail, hash_of, whole_lib and $ME.
+RUNTIME = f"""trap '' HUP PIPE  # a dropped connection must not stop a swap half-way: finish it
 cleanup() {{
-  rm -f "$TMP" "$STG.part.$$" ${{BTMP:+"$BTMP"}} ${{BTMP:+"$BTMP.json"}} ${{UP:+"$UP"}}
+  rm -f ${{TMP:+"$TMP"}} "$STG.part.$$" ${{BTMP:+"$BTMP"}} ${{BTMP:+"$BTMP.json"}} ${{UP:+"$UP"}}
   [ -n "$HELD" ] && [ -n "$UP" ] && rm -f "$STG"   # our staged copy; only touched while holding the lock
   [ -n "$LOCKDIR" ] && rmdir "$LOCKDIR"
   [ -n "$LT" ] && rm -rf "$LT"
@@ -82,7 +77,17 @@ trap cleanup EXIT
 fail() {{ code=$1; shift; printf '@@err %s\\n' "$*"; exit "$code"; }}
 hash_of() {{ h=$(sha256sum < "$1") || return 1; printf '%s\\n' "${{h%% *}}"; }}
 {WHOLE_LIB}
-ME=$(id -u)
+ME=$(id -u)"""
+
+
+def prepare(*, real_dir: str, live_real: str, want: str, upload_real: str | None, source_real: str | None,
+            upload_dir: str | None) -> str:
+    q = shlex.quote
+    return f"""D={q(real_dir)}; S="$D/{STATE}"; LIVE={q(live_real)}; WANT={q(want)}
+UP={q(upload_real or '')}; SRC={q(source_real or '')}; UPDIR={q(upload_dir or '')}
+NOW=$(date -u +%Y-%m-%dT%H:%M:%SZ); NOWJ="\\"$NOW\\""
+STG="$S/staging/$WANT.so"; TMP="$D/.${{LIVE##*/}}.vgpu-patch-tmp.$$"; BTMP=""; LOCKDIR=""; HELD=""; LT=""
+{RUNTIME}
 umask 022"""
 
 
@@ -266,18 +271,7 @@ STANDALONE_PROLOGUE = f"""# Parameters (set before this text): VGPU_DIR VGPU_ACT
 D=$VGPU_DIR; S="$D/{STATE}"; WANT=$VGPU_WANT; UP=$VGPU_UP; SRC=""; UPDIR=${{UP%/*}}
 NOW=$(date -u +%Y-%m-%dT%H:%M:%SZ); NOWJ="\\"$NOW\\""; OPJ=$VGPU_OPERATOR_JSON; TOOLJ=$VGPU_TOOL_JSON
 ACTJ="\\"$VGPU_ACTION\\""; BTMP=""; LOCKDIR=""; HELD=""; LT=""; TMP=""; STG="$S/staging/$WANT.so"
-trap '' HUP PIPE  # a dropped connection must not stop a swap half-way: finish it
-cleanup() {{
-  rm -f ${{TMP:+"$TMP"}} "$STG.part.$$" ${{BTMP:+"$BTMP"}} ${{BTMP:+"$BTMP.json"}} ${{UP:+"$UP"}}
-  [ -n "$HELD" ] && [ -n "$UP" ] && rm -f "$STG"
-  [ -n "$LOCKDIR" ] && rmdir "$LOCKDIR"
-  [ -n "$LT" ] && rm -rf "$LT"
-}}
-trap cleanup EXIT
-fail() {{ code=$1; shift; printf '@@err %s\\n' "$*"; exit "$code"; }}
-hash_of() {{ h=$(sha256sum < "$1") || return 1; printf '%s\\n' "${{h%% *}}"; }}
-{WHOLE_LIB}
-ME=$(id -u)
+{RUNTIME}
 if [ "$UP" = - ]; then  # the candidate comes base64-encoded on stdin: saved 0600 (mktemp), removed by cleanup
   UP=$(mktemp "${{TMPDIR:-/tmp}}/.vgpu-patch-upload-XXXXXXXXXX") || fail {WRITE} "cannot create an upload file in /tmp"
   UPDIR=${{UP%/*}}

@@ -9,7 +9,7 @@ ACTJ="\"$VGPU_ACTION\""; BTMP=""; LOCKDIR=""; HELD=""; LT=""; TMP=""; STG="$S/st
 trap '' HUP PIPE  # a dropped connection must not stop a swap half-way: finish it
 cleanup() {
   rm -f ${TMP:+"$TMP"} "$STG.part.$$" ${BTMP:+"$BTMP"} ${BTMP:+"$BTMP.json"} ${UP:+"$UP"}
-  [ -n "$HELD" ] && [ -n "$UP" ] && rm -f "$STG"
+  [ -n "$HELD" ] && [ -n "$UP" ] && rm -f "$STG"   # our staged copy; only touched while holding the lock
   [ -n "$LOCKDIR" ] && rmdir "$LOCKDIR"
   [ -n "$LT" ] && rm -rf "$LT"
 }
