@@ -230,7 +230,12 @@ def gather(t: Transport, target_dir: str, *, history: int = 20, maps: bool = Tru
     """Run the probe as root (it reads every process's maps) and parse it."""
     node_dir = target_dir.rstrip("/") or "/"
     res = t.run(probe_script(t.path(node_dir), history=history, maps=maps), sudo=True, timeout=120)
-    facts = parse(res.stdout, node_dir)
+    return from_probe(t, res.stdout, node_dir, maps=maps)
+
+
+def from_probe(t: Transport, text: str, node_dir: str, *, maps: bool) -> NodeFacts:
+    """NodeFacts from what the probe printed (run by `gather`, or at the head of a deploy's one session)."""
+    facts = parse(text, node_dir)
     if not facts.arch:
         raise DeployError(f"{t.name}: the node probe printed nothing usable; is /bin/sh a POSIX shell?")
     if maps:  # map the fake root back: maps show real paths

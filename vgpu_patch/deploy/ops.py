@@ -18,7 +18,7 @@ SPACE_MARGIN = 1 << 20
 
 @dataclass(frozen=True)
 class Step:
-    kind: str  # prepare | upload | verify | lock | backup | swap | record | report | noop
+    kind: str  # prepare | upload | stage | verify | lock | backup | swap | record | report | noop
     text: str
     sh: str = ""  # the commands this step runs on the node ("" for a noop or a step run on this machine)
 
@@ -53,13 +53,13 @@ def preflight(facts: NodeFacts, cand: Candidate, node: str, live: LibFile | None
 
 def space_needed(facts: NodeFacts, cand: Candidate, live: LibFile | None) -> int:
     backup = live.size if live is not None and facts.backup(live.sha256) is None else 0
-    return 2 * cand.size + backup + SPACE_MARGIN  # staged copy + same-dir temp + backup
+    return 2 * cand.size + backup + SPACE_MARGIN  # the upload (/tmp may share the disk) + same-dir temp + backup
 
 
 def plan_swap(
     facts: NodeFacts, live: LibFile | None, live_path: str, want_sha: str, *, source: str, upload: bool,
     prepare: str = "", manifest_printf: str = "", history_printf: str = "", byte_compare: bool = False,
-    in_lock: str = "",
+    in_lock: str = "", receive: str = "",
 ) -> Iterator[Step]:
     """The steps a deploy (upload=True) or rollback (source = a backup) takes; only a noop when nothing differs."""
     from . import script as S
@@ -71,10 +71,13 @@ def plan_swap(
     yield Step("prepare", "set the paths, clean-up trap and helpers", prepare)
     yield Step("verify", f"refuse {state} if it holds symlinks or (as root) anything not root's alone", S.SAFE_STATE)
     yield Step("lock", f"take {state}/lock", S.LOCK + ("\n" + in_lock if in_lock else ""))
-    if upload:
-        yield Step("upload", f"upload {source} (0600, then moved) to {state}/staging/{want_sha}.so", S.STAGE)
-    yield Step("verify", f"verify sha256 {want_sha[:12]} of {'the staged file' if upload else source} on the node",
-               S.VERIFY_SOURCE)
+    if receive:  # the candidate follows the script on the session's stdin
+        yield Step("upload", f"receive {source} on stdin (0600), copy it beside the live file",
+                   receive + "\n" + S.STAGE)
+    else:
+        what = f"the upload of {source} (0600)" if upload else source
+        yield Step("upload" if upload else "stage", f"copy {what} beside the live file", S.STAGE)
+    yield Step("verify", f"verify sha256 {want_sha[:12]} of the copy on the node", S.VERIFY_SOURCE)
     yield Step("verify", "check it loads: LD_PRELOAD=<it> /bin/true", S.LOADS)
     if live is not None:
         if facts.backup(live.sha256) is None:

@@ -56,20 +56,37 @@ def manifest_printf(live_path: str, operator: str, tool: str) -> str:
 WHOLE_LIB = """whole_lib() {
   [ "$2" -gt 64 ] || return 1
   command -v od >/dev/null 2>&1 || return 0  # no od: a non-empty file counts as whole
-  [ "$(od -An -N4 -tx1 "$1" | tr -d ' \\n')" = 7f454c46 ] || return 1
-  # shellcheck disable=SC2046  # od's numbers are meant to split into $2 .. $4
-  set -- "$2" $(od -An -j40 -N8 -tu8 "$1" 2>/dev/null) $(od -An -j58 -N4 -tu2 "$1" 2>/dev/null)
-  [ $# -eq 4 ] || return 0  # an od without 8-byte integers: the magic has to do
-  [ $(( $2 + $3 * $4 )) -le "$1" ]
+  # shellcheck disable=SC2046  # od's 64 byte values are meant to split: byte k is ${k+2}
+  set -- "$2" $(od -An -v -N64 -tu1 "$1" 2>/dev/null)
+  [ $# -eq 65 ] && [ "$2.$3.$4.$5" = 127.69.76.70 ] || return 1
+  if [ "$7" = 2 ]; then  # EI_DATA: big-endian
+    o=$(( (${42} << 56) + (${43} << 48) + (${44} << 40) + (${45} << 32) + (${46} << 24) + (${47} << 16) \\
+      + (${48} << 8) + ${49} ))
+    o=$(( o + ((${60} << 8) + ${61}) * ((${62} << 8) + ${63}) ))
+  else
+    o=$(( (${49} << 56) + (${48} << 48) + (${47} << 40) + (${46} << 32) + (${45} << 24) + (${44} << 16) \\
+      + (${43} << 8) + ${42} ))
+    o=$(( o + ((${61} << 8) + ${60}) * ((${63} << 8) + ${62}) ))
+  fi
+  [ "$o" -le "$1" ]  # e_shoff + e_shentsize * e_shnum: the section headers end inside the file
 }"""
 
 
 # What both prologues (the CLI's and the Ansible role's) define after their parameters: the exit
 # cleanup (only what this run created), fail, hash_of, whole_lib and $ME.
 RUNTIME = f"""trap '' HUP PIPE  # a dropped connection must not stop a swap half-way: finish it
+NL='
+'
+rmx() {{  # rm -f what of "$@" exists: no rm process at all on the common path
+  n=$#
+  while [ "$n" -gt 0 ]; do
+    if [ -e "$1" ] || [ -L "$1" ]; then set -- "$@" "$1"; fi
+    shift; n=$((n - 1))
+  done
+  [ $# -eq 0 ] || rm -f -- "$@"
+}}
 cleanup() {{
-  rm -f ${{TMP:+"$TMP"}} "$STG.part.$$" ${{BTMP:+"$BTMP"}} ${{BTMP:+"$BTMP.json"}} ${{UP:+"$UP"}}
-  [ -n "$HELD" ] && [ -n "$UP" ] && rm -f "$STG"   # our staged copy; only touched while holding the lock
+  rmx ${{TMP:+"$TMP"}} ${{BTMP:+"$BTMP"}} ${{BTMP:+"$BTMP.json"}} ${{UP:+"$UP"}}
   [ -n "$LOCKDIR" ] && rmdir "$LOCKDIR"
   [ -n "$LT" ] && rm -rf "$LT"
 }}
@@ -86,7 +103,7 @@ def prepare(*, real_dir: str, live_real: str, want: str, upload_real: str | None
     return f"""D={q(real_dir)}; S="$D/{STATE}"; LIVE={q(live_real)}; WANT={q(want)}
 UP={q(upload_real or '')}; SRC={q(source_real or '')}; UPDIR={q(upload_dir or '')}
 NOW=$(date -u +%Y-%m-%dT%H:%M:%SZ); NOWJ="\\"$NOW\\""
-STG="$S/staging/$WANT.so"; TMP="$D/.${{LIVE##*/}}.vgpu-patch-tmp.$$"; BTMP=""; LOCKDIR=""; HELD=""; LT=""
+TMP="$D/.${{LIVE##*/}}.vgpu-patch-tmp.$$"; BTMP=""; NEWBK=""; LOCKDIR=""; LT=""
 {RUNTIME}
 umask 022"""
 
@@ -97,13 +114,13 @@ SAFE_STATE = f"""[ -d "$D" ] || fail {WRITE} "$D is not a directory"
 if [ -L "$S" ] || {{ [ -e "$S" ] && [ ! -d "$S" ]; }}; then
   fail {UNSAFE} "$S is a symlink or not a directory: refusing to write through it; remove it (nothing changed)"
 fi
-mkdir -p "$S/backups" "$S/staging" || fail {WRITE} "cannot create $S"
+[ -d "$S/backups" ] || mkdir -p "$S/backups" || fail {WRITE} "cannot create $S"
 if [ "$ME" = 0 ]; then
-  bad=$(find "$S" \\( -type l -o ! -user 0 -o -perm -002 -o \\( -type d -perm -020 \\) \\) -print 2>/dev/null \\
-    | head -n 1)
+  bad=$(find "$S" \\( -type l -o ! -user 0 -o -perm -002 -o \\( -type d -perm -020 \\) \\) -print 2>/dev/null)
 else
-  bad=$(find "$S" -type l -print 2>/dev/null | head -n 1)
+  bad=$(find "$S" -type l -print 2>/dev/null)
 fi
+bad=${{bad%%"$NL"*}}  # the first one found
 if [ -n "$bad" ]; then
   [ -L "$bad" ] && fail {UNSAFE} "$bad is a symlink inside $S: refusing to follow it; remove it (nothing changed)"
   m="$bad is not root's alone (owner $(stat -c %U "$bad"), mode $(stat -c %a "$bad")): refusing to use it as root;"
@@ -116,28 +133,65 @@ LOCK = f"""if command -v flock >/dev/null 2>&1; then
 else
   mkdir "$S/lock.d" 2>/dev/null || fail {LOCKED} "locked"; LOCKDIR="$S/lock.d"
 fi
-HELD=1
 # temp files of a swap that was SIGKILLed: only a lock holder makes them, so any found now are orphans
-rm -f "$D"/.*.vgpu-patch-tmp.* "$S"/staging/*.part.* "$S"/backups/.*.tmp.*"""
+rmx "$D"/.*.vgpu-patch-tmp.* "$S"/staging/*.part.* "$S"/backups/.*.tmp.*"""
 
-STAGE = f"""# no fsync: a staged copy is re-verified by hash below and simply re-uploaded after a crash
-cp "$UP" "$STG.part.$$" 2>&1 && mv -f "$STG.part.$$" "$STG" \\
-  || fail {WRITE} "copying the upload to $S/staging failed (disk full?)"
-rm -f "$UP"; SRC="$STG\""""
+STAGE = f"""# the file to go live, copied as root beside the live one under the lock: what is verified below
+# is what the rename puts in place (an upload stays its login user's to change until it is copied)
+[ -n "$SRC" ] || SRC=$UP
+cp "$SRC" "$TMP" 2>&1 || fail {WRITE} "copying $SRC to $TMP failed (disk full?)"
+if [ -n "$UP" ]; then rm -f "$UP"; UP=""; fi"""
 
-VERIFY_SOURCE = f"""got=$(hash_of "$SRC")
-if [ "$got" != "$WANT" ]; then
-  [ -n "$UP" ] && rm -f "$STG"
-  fail {MISMATCH} "sha256 of $SRC is $got, expected $WANT"
+# -- one session: the probe, then the script and its payload on the same stdin ----------------------
+# The probe ends with AWAIT: it prints PROBE_END and waits for `@@go N` and an N-byte script, which it runs
+# only when it arrived whole (it ends with SCRIPT_END); EOF instead (nothing to do) ends it quietly.
+PROBE_END = "@@vgpu end"
+SCRIPT_END = "# @@vgpu script end"
+RECEIVED = "@@vgpu received"
+AWAIT = f"""printf '\\n%s\\n' '{PROBE_END}'
+while IFS= read -r l; do
+  case $l in "@@go "*)
+    n=${{l#@@go }}; s=$(head -c "$n")
+    case $s in *"{SCRIPT_END}") eval "$s"; exit;; esac
+    printf '@@err the swap script arrived cut; nothing changed\\n'; exit {WRITE};;
+  esac
+done
+exit 0
+"""
+
+
+def receive(size: int) -> str:
+    """The candidate's bytes, which follow the script on stdin, into a new 0600 file (never a planted one)."""
+    return f"""[ -d "$UPDIR" ] || mkdir -p "$UPDIR"  # only under a fake node root (tests, --local ROOT)
+( umask 077; set -C; : > "$UP" ) 2>/dev/null \\
+  || fail {WRITE} "cannot create $UP (it exists, or $UPDIR is full); remove it and rerun"
+head -c {int(size)} > "$UP" || fail {WRITE} "receiving the upload into $UP failed (disk full?)\""""
+
+
+# a test seam: the controller runs its after-upload hook, then sends a line
+PAUSE = f"""printf '%s\\n' '{RECEIVED}'; read -r _ || true"""
+
+
+# The live file is copied aside first and that copy hashed with the candidate in one sha256sum: the
+# backup, the history's from_sha256 and the no-op check all describe the bytes that were really there.
+VERIFY_SOURCE = f"""cur=""
+if [ -e "$LIVE" ]; then
+  BTMP="$S/backups/.live.tmp.$$"
+  cp "$LIVE" "$BTMP" 2>&1 || fail {WRITE} "backing up $LIVE failed (disk full?)"
+  sums=$(sha256sum -- "$TMP" "$BTMP") || fail {WRITE} "sha256sum of $TMP failed"
+  cur=${{sums#*"$NL"}}; cur=${{cur%%[ ]*}}; cur=${{cur#\\\\}}
+else
+  sums=$(sha256sum -- "$TMP") || fail {WRITE} "sha256sum of $TMP failed"
 fi
-cur=""; [ -e "$LIVE" ] && cur=$(hash_of "$LIVE")
-if [ "$cur" = "$WANT" ]; then [ -n "$UP" ] && rm -f "$STG"; echo "@@noop"; exit 0; fi"""
+got=${{sums%%[ ]*}}; got=${{got#\\\\}}  # a name sha256sum had to escape starts its line with a backslash
+[ "$got" = "$WANT" ] || fail {MISMATCH} "sha256 of $SRC is $got, expected $WANT"
+if [ "$cur" = "$WANT" ]; then echo "@@noop"; exit 0; fi"""
 
 # LD_PRELOAD splits on spaces and colons: load the file through a link whose path has neither
-LOADS = f"""PRE="$SRC"
-case "$SRC" in *[[:space:]:]*)
+LOADS = f"""PRE="$TMP"
+case "$TMP" in *[[:space:]:]*)
   LT=$(mktemp -d /tmp/.vgpu-patch-load.XXXXXX) || fail {WRITE} "cannot create a temp dir in /tmp"
-  ln -s "$SRC" "$LT/libvgpu.so" && PRE="$LT/libvgpu.so";;
+  ln -s "$TMP" "$LT/libvgpu.so" && PRE="$LT/libvgpu.so";;
 esac
 out=$(LD_PRELOAD="$PRE" /bin/true 2>&1); rc=$?
 [ -n "$LT" ] && rm -rf "$LT"
@@ -152,27 +206,24 @@ def backup(manifest_printf: str) -> str:
     A live file that is not a whole library (empty, or caught mid-copy) is replaced but never kept as a
     backup nor recorded as from_sha256 (REC): a rollback must never restore it."""
     return f"""BK=""; FROMJ=null; REC=""
-if [ -e "$LIVE" ]; then
-  BTMP="$S/backups/.live.tmp.$$"
-  cp "$LIVE" "$BTMP" 2>&1 && chmod 0644 "$BTMP" || fail {WRITE} "backing up $LIVE failed (disk full?)"
-  cur=$(hash_of "$BTMP"); SIZE=$(stat -c %s "$BTMP"); CURJ="\\"$cur\\""; FROMJ="$CURJ"; REC="$cur"
+if [ -n "$BTMP" ]; then
+  SIZE=$(stat -c %s "$BTMP"); CURJ="\\"$cur\\""; FROMJ="$CURJ"; REC="$cur"
   BK="$S/backups/$cur.so"
   if ! whole_lib "$BTMP" "$SIZE"; then
-    rm -f "$BTMP"; BK=""; FROMJ=null; REC=""
+    BK=""; FROMJ=null; REC=""
     printf '@@partial %s\\n' "$SIZE"
   elif [ -f "$BK" ] && [ "$(hash_of "$BK")" = "$cur" ]; then
-    rm -f "$BTMP"
+    :  # already kept; the copy is removed on exit
   else
-    {manifest_printf} > "$BTMP.json" || fail {WRITE} "writing the backup manifest failed (disk full?)"
-    sync "$BTMP" "$BTMP.json" 2>/dev/null || sync
+    chmod 0644 "$BTMP" && {manifest_printf} > "$BTMP.json" \\
+      || fail {WRITE} "writing the backup manifest failed (disk full?)"
     mv -f "$BTMP" "$BK" && mv -f "$BTMP.json" "$S/backups/$cur.json" || fail {WRITE} "storing the backup failed"
+    NEWBK=1  # made durable with the new file, before the rename
   fi
-  BTMP=""
 fi"""
 
 
-SWAP = f"""cp "$SRC" "$TMP" 2>&1 || fail {WRITE} "writing $TMP failed (disk full?)"
-if [ -n "$cur" ]; then
+SWAP = f"""if [ -n "$cur" ]; then
   chmod --reference="$LIVE" "$TMP" 2>/dev/null || chmod 0644 "$TMP"
   [ "$ME" = 0 ] && chown --reference="$LIVE" "$TMP" 2>/dev/null
   if [ -e /sys/fs/selinux/enforce ] && command -v chcon >/dev/null 2>&1; then
@@ -181,7 +232,8 @@ if [ -n "$cur" ]; then
 else
   chmod 0644 "$TMP"
 fi
-sync "$TMP" "$S/backups" 2>/dev/null || sync  # the new file's bytes and the backup's name, before the rename
+# the new file's bytes and a new backup's (bytes, manifest, name), before the rename
+sync "$TMP" ${{NEWBK:+"$BK"}} ${{NEWBK:+"$S/backups/$cur.json"}} "$S/backups" 2>/dev/null || sync
 out=$(mv -f "$TMP" "$LIVE" 2>&1) \\
   || fail {WRITE} "renaming $TMP over $LIVE failed ($out; EBUSY: $LIVE is a mount point, act on the host file)\""""
 
@@ -196,10 +248,12 @@ def record(history_printf: str) -> str:
     return f"""{history_printf} >> "$S/history.jsonl" \\
   || fail {WRITE} "the swap is done but appending to $S/history.jsonl failed (disk full?)"
 sync "$D" "$S/history.jsonl" 2>/dev/null || sync  # the rename (directory) and the record
-[ -n "$UP" ] && rm -f "$STG"
 # uploads orphaned by a dropped connection that could not be cleaned up then: older than an hour
-[ -n "$UPDIR" ] && command -v find >/dev/null 2>&1 \\
-  && find "$UPDIR" -maxdepth 1 -name '.vgpu-patch-upload-*' -mmin +60 -exec rm -f {{}} + 2>/dev/null
+for f in ${{UPDIR:+"$UPDIR"/.vgpu-patch-upload-*}}; do
+  [ -e "$f" ] && command -v find >/dev/null 2>&1 \\
+    && find "$UPDIR" -maxdepth 1 -name '.vgpu-patch-upload-*' -mmin +60 -exec rm -f {{}} + 2>/dev/null
+  break
+done
 true"""
 
 
@@ -270,7 +324,7 @@ STANDALONE_PROLOGUE = f"""# Parameters (set before this text): VGPU_DIR VGPU_ACT
 # VGPU_INSTALL (1: install where no library is) VGPU_OPERATOR_JSON VGPU_TOOL_JSON
 D=$VGPU_DIR; S="$D/{STATE}"; WANT=$VGPU_WANT; UP=$VGPU_UP; SRC=""; UPDIR=${{UP%/*}}
 NOW=$(date -u +%Y-%m-%dT%H:%M:%SZ); NOWJ="\\"$NOW\\""; OPJ=$VGPU_OPERATOR_JSON; TOOLJ=$VGPU_TOOL_JSON
-ACTJ="\\"$VGPU_ACTION\\""; BTMP=""; LOCKDIR=""; HELD=""; LT=""; TMP=""; STG="$S/staging/$WANT.so"
+ACTJ="\\"$VGPU_ACTION\\""; BTMP=""; NEWBK=""; LOCKDIR=""; LT=""; TMP=""
 {RUNTIME}
 if [ "$UP" = - ]; then  # the candidate comes base64-encoded on stdin: saved 0600 (mktemp), removed by cleanup
   UP=$(mktemp "${{TMPDIR:-/tmp}}/.vgpu-patch-upload-XXXXXXXXXX") || fail {WRITE} "cannot create an upload file in /tmp"
@@ -336,11 +390,9 @@ def standalone(action: str) -> str:
     man = _printf_json({"sha256": _CUR, "size": _SIZE, "path": _Shell("LIVEJ"), "saved_at": _NOW,
                         "operator": _Shell("OPJ"), "tool": _Shell("TOOLJ")})
     parts = [STANDALONE_PROLOGUE, CHOOSE_LIVE, SAFE_STATE, LOCK]
-    if action == "deploy":
-        parts.append(STAGE)
-    else:
+    if action == "rollback":
         parts.append(_pick_fragment())
-    parts += ['WANTJ="\\"$WANT\\""', VERIFY_SOURCE, LOADS, backup(man), SWAP, REVERIFY]
+    parts += [STAGE, 'WANTJ="\\"$WANT\\""', VERIFY_SOURCE, LOADS, backup(man), SWAP, REVERIFY]
     if action == "rollback":
         parts.append(BYTE_COMPARE)
     parts += [record(hist), REPORT]

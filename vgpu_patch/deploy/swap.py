@@ -1,7 +1,9 @@
 """The swap protocol of docs/node-state.md: deploy_file, rollback and node_status over any Transport.
 
-Round trips per changed node: one privileged probe (facts), one upload, one privileged swap script that
-takes the lock, verifies, backs up, swaps atomically, re-verifies and records. Every check the script makes
+Per changed node, one privileged session: the probe prints the node's facts and waits; this side plans
+and sends the swap script, then the candidate's bytes, on the same stdin; the script takes the lock,
+verifies, backs up, swaps atomically, re-verifies and records. (Where sudo needs a password or a terminal
+the probe, an SFTP upload and the script are three round trips instead.) Every check the script makes
 happens before the rename or is a read-only re-check after it, so a failure leaves a whole file live.
 """
 from __future__ import annotations
@@ -14,8 +16,8 @@ from pathlib import Path
 from typing import Callable
 
 from .. import __version__
-from ..errors import DeployError, IntegrityError, LockedError, StopRequested, UsageError
-from ..transport.base import Transport, first_line
+from ..errors import DeployError, IntegrityError, LockedError, StopRequested, UsageError, VgpuPatchError
+from ..transport.base import Result, Transport, first_line
 from . import facts as F
 from . import script as S
 from .candidate import Candidate, inspect
@@ -100,8 +102,50 @@ def _raise_for(t: Transport, code: int, out: str, where: str) -> None:
     raise DeployError(f"{t.name}:{where}: the swap script failed with exit {code}: {msg}")
 
 
-def _run_swap(t: Transport, script: str, where: str) -> tuple[str, list[F.MappedLib], str | None, int, str | None]:
-    res = t.run(script, sudo=True, warn=True, timeout=300)
+class _Session:
+    """A swap's round trips to one node: over one stream where the transport has one (the probe waits,
+    script.AWAIT, for the script; the upload follows the script on stdin), else as separate runs."""
+
+    def __init__(self, t: Transport, probe: str) -> None:
+        self.t = t
+        self.stream = t.open_stream(probe + S.AWAIT, sudo=True, timeout=300)
+        self.probe_out = (self.stream.read_until(S.PROBE_END) if self.stream is not None
+                          else t.run(probe, sudo=True, timeout=120).stdout)
+        self.streamed = self.stream is not None
+
+    def run_script(self, script: str, payload: Path | None = None,
+                   on_received: Callable[[], None] | None = None) -> Result:
+        if self.stream is None:
+            return self.t.run(script, sudo=True, warn=True, timeout=300)
+        stream, self.stream = self.stream, None
+        body = (script + S.SCRIPT_END + "\n").encode()
+        try:
+            stream.send(f"@@go {len(body)}\n".encode() + body)
+            if payload is not None:
+                with open(payload, "rb") as f:
+                    while chunk := f.read(1 << 16):
+                        stream.send(chunk)
+            if on_received is not None:
+                stream.read_until(S.RECEIVED)
+                on_received()
+                stream.send(b"\n")
+        except VgpuPatchError:
+            with contextlib.suppress(VgpuPatchError):  # the script stopped reading: it failed, and says why
+                res = stream.finish()
+                if not res.ok:
+                    return res
+            raise
+        return stream.finish()
+
+    def end(self) -> None:
+        """Nothing (more) to run: the waiting probe reads EOF and exits."""
+        stream, self.stream = self.stream, None
+        if stream is not None:
+            with contextlib.suppress(Exception):  # a link that is already gone has nothing to end
+                stream.finish()
+
+
+def _parse_swap(t: Transport, res: Result, where: str) -> tuple[str, list[F.MappedLib], str | None, int, str | None]:
     if not res.ok:
         _raise_for(t, res.exited, res.stdout + "\n" + res.stderr, where)
     out = res.stdout
@@ -159,14 +203,29 @@ def deploy_file(
     """
     cand = inspect(source)
     node_dir = target_dir.rstrip("/") or "/"
-    facts = F.gather(t, node_dir, maps=False)
+    session = _Session(t, F.probe_script(t.path(node_dir), maps=False))
+    try:
+        return _deploy(t, session, cand, node_dir, operator=operator, tool=tool, dry_run=dry_run, install=install,
+                       action=action, check=check, hooks=hooks, should_stop=should_stop)
+    finally:
+        session.end()
+
+
+def _deploy(t: Transport, session: _Session, cand: Candidate, node_dir: str, *, operator: str, tool: str,
+            dry_run: bool, install: bool, action: str, check: bool, hooks: SwapHooks | None,
+            should_stop: Callable[[], bool] | None) -> SwapResult:
+    facts = F.from_probe(t, session.probe_out, node_dir, maps=False)
     _refuse_unsafe_state(t, facts)
     live = F.choose_live(facts, t.name)
     live_path = live.path if live else f"{node_dir}/{F.LIB}"
     preflight(facts, cand, t.name, live, install=install)
     upload = f"{UPLOAD_DIR}/.vgpu-patch-upload-{cand.sha256[:12]}-{secrets.token_hex(6)}"
+    after_upload = hooks.after_upload if hooks else None
+    receive = ""
+    if session.streamed:
+        receive = S.receive(cand.size) + ("\n" + S.PAUSE if after_upload else "")
     plan = list(plan_swap(
-        facts, live, live_path, cand.sha256, source=cand.path.name, upload=True,
+        facts, live, live_path, cand.sha256, source=cand.path.name, upload=True, receive=receive,
         prepare=S.prepare(real_dir=t.path(node_dir), live_real=t.path(live_path), want=cand.sha256,
                           upload_real=t.path(upload), source_real=None, upload_dir=t.path(UPLOAD_DIR)),
         manifest_printf=_manifest_printf(live_path, operator, tool),
@@ -184,22 +243,26 @@ def deploy_file(
         result.pending = True
         return result
     _checkpoint(t, should_stop)
+    if not session.streamed:
+        try:
+            t.put(cand.path, upload)
+            if after_upload:
+                after_upload(t.path(upload))
+            _checkpoint(t, should_stop)
+        except BaseException:
+            _remove_upload(t, upload, redial=True)  # a partial or unused upload: nothing else will remove it
+            raise
+    hook = (lambda: after_upload(t.path(upload))) if session.streamed and after_upload else None
     try:
-        t.put(cand.path, upload)
-        if hooks and hooks.after_upload:
-            hooks.after_upload(t.path(upload))
-        _checkpoint(t, should_stop)
+        res = session.run_script(S.script([st.sh for st in plan]), cand.path if session.streamed else None, hook)
     except BaseException:
-        _remove_upload(t, upload, redial=True)  # a partial or unused upload: nothing else will remove it
+        # the script removes the upload itself, and may still be running orphaned (it finishes a swap it
+        # started). Streamed, the upload may be cut short: one quick re-dial removes it (the script, should
+        # it still run, then fails its sha256 check); else only an intact link may remove it here
+        if session.streamed or _alive(t):
+            _remove_upload(t, upload, redial=session.streamed)
         raise
-    try:
-        state, mapped, bk, ino, replaced = _run_swap(t, S.script([st.sh for st in plan]), node_dir)
-    except BaseException:
-        # the script removes the upload itself, and may still be running orphaned (it finishes a swap
-        # it started): only an intact link may remove it here
-        if _alive(t):
-            _remove_upload(t, upload, redial=False)
-        raise
+    state, mapped, bk, ino, replaced = _parse_swap(t, res, node_dir)
     if state == "noop":
         result.plan = [Step("noop", f"{live_path} reached sha256 {cand.sha256[:12]} meanwhile: nothing to do")]
         return result
@@ -218,7 +281,8 @@ def _remove_upload(t: Transport, upload: str, *, redial: bool) -> None:
             quick = getattr(t, "redial_quickly", None)
             if callable(quick):
                 quick()
-        t.run(f"rm -f {shlex.quote(t.path(upload))}", warn=True, timeout=15)
+        # as root: a streamed upload is root's (an SFTP one is the login user's, which root removes too)
+        t.run(f"rm -f {shlex.quote(t.path(upload))}", sudo=True, warn=True, timeout=15)
 
 
 def _alive(t: Transport) -> bool:
@@ -293,7 +357,17 @@ def rollback(
 ) -> SwapResult:
     """Restore a recorded backup the same atomic way, verified by sha256 and byte for byte."""
     node_dir = target_dir.rstrip("/") or "/"
-    facts = F.gather(t, node_dir, history=F.ALL_HISTORY, maps=False)
+    session = _Session(t, F.probe_script(t.path(node_dir), history=F.ALL_HISTORY, maps=False))
+    try:
+        return _rollback(t, session, node_dir, to_sha256=to_sha256, operator=operator, tool=tool, dry_run=dry_run,
+                         hooks=hooks, should_stop=should_stop)
+    finally:
+        session.end()
+
+
+def _rollback(t: Transport, session: _Session, node_dir: str, *, to_sha256: str | None, operator: str, tool: str,
+              dry_run: bool, hooks: SwapHooks | None, should_stop: Callable[[], bool] | None) -> SwapResult:
+    facts = F.from_probe(t, session.probe_out, node_dir, maps=False)
     _refuse_unsafe_state(t, facts)
     live = F.choose_live(facts, t.name)
     backup = choose_backup(facts, live, to_sha256, t.name)
@@ -315,7 +389,7 @@ def rollback(
         result.pending = plan[0].kind != "noop"
         return result
     _checkpoint(t, should_stop)
-    state, mapped, bk, ino, replaced = _run_swap(t, S.script([st.sh for st in plan]), node_dir)
+    state, mapped, bk, ino, replaced = _parse_swap(t, session.run_script(S.script([st.sh for st in plan])), node_dir)
     if state == "noop":
         return result
     result.changed, result.backup = True, _node_path(t, bk, node_dir)

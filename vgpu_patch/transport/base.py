@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import shlex
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -64,6 +65,62 @@ def sudo_unwrap(node: str, result: Result) -> Result:
     return result
 
 
+class Stream:
+    """One shell on the node whose stdin stays open: what it prints is read up to a marker, more input is
+    sent after that (a deploy's probe, then its decision, script and payload: one session, one sudo).
+
+    Built by a transport from four byte-level callables; `finish()` closes stdin, reads to the end and
+    returns the Result of everything printed after the last `read_until`.
+    """
+
+    def __init__(self, name: str, *, recv: Callable[[int], bytes], send: Callable[[bytes], None],
+                 close_input: Callable[[], None], wait: Callable[[], tuple[int, str]], wrapped: bool,
+                 command: str) -> None:
+        self.name, self.command, self.wrapped = name, command, wrapped
+        self._recv, self._send, self._close_input, self._wait = recv, send, close_input, wait
+        self._buf = bytearray()
+        self._sudo_seen = not wrapped
+
+    def read_until(self, marker: str) -> str:
+        """What the node prints up to and including the line `marker`; the script ending first is an error."""
+        want = ("\n" + marker + "\n").encode()
+        while want not in b"\n" + self._buf:  # the marker's line may be the very first
+            data = self._recv(1 << 15)
+            if not data:
+                res = self.finish()  # sudo refused (AuthFailure), or the script failed early
+                raise DeployError(f"{self.name}: the node script ended early with exit {res.exited}: "
+                                  f"{first_line(res.stderr) or first_line(res.stdout)}")
+            self._buf += data
+        i = (b"\n" + self._buf).index(want) + len(want) - 1
+        head, self._buf = bytes(self._buf[:i]), self._buf[i:]
+        return self._unwrap(head.decode(errors="replace"))
+
+    def send(self, data: bytes) -> None:
+        self._send(data)
+
+    def finish(self) -> Result:
+        """Close the node's stdin, read what is left, wait for the exit status."""
+        self._close_input()
+        while True:
+            data = self._recv(1 << 15)
+            if not data:
+                break
+            self._buf += data
+        code, err = self._wait()
+        out, self._buf = bytes(self._buf).decode(errors="replace"), bytearray()
+        result = Result(code == 0, code, out, err, self.command)
+        if not self._sudo_seen:
+            result = sudo_unwrap(self.name, result)  # raises AuthFailure when sudo refused
+            self._sudo_seen = True
+        return result
+
+    def _unwrap(self, text: str) -> str:
+        if self._sudo_seen:
+            return text
+        self._sudo_seen = True
+        return sudo_unwrap(self.name, Result(True, 0, text, "")).stdout
+
+
 class Transport(ABC):
     """Commands and files on one node. Paths given to it are node paths."""
 
@@ -81,6 +138,11 @@ class Transport(ABC):
     @abstractmethod
     def get(self, remote_path: str, local_path: Path | str) -> None:
         """Copy a node file to a local path."""
+
+    def open_stream(self, cmd: str, *, sudo: bool = False, timeout: float | None = None) -> Stream | None:
+        """`cmd` run with its stdin kept open (see Stream); None where this transport cannot (then the
+        caller runs its steps with `run` and `put` instead)."""
+        return None
 
     def close(self) -> None:  # noqa: B027 - optional: a transport without connections has nothing to release
         """Release connections; the transport may be used again (it reconnects)."""

@@ -1,14 +1,17 @@
 """Run the deploy protocol on this machine, optionally under a fake node root (README demo, tests, agent)."""
 from __future__ import annotations
 
+import contextlib
 import os
+import select
 import shutil
 import stat
 import subprocess
+import tempfile
 from pathlib import Path
 
 from ..errors import DeployError, UsageError
-from .base import Result, Transport, sudo_unwrap, sudo_wrap
+from .base import Result, Stream, Transport, sudo_unwrap, sudo_wrap
 
 _MAX_LINKS = 40  # like the kernel's ELOOP limit
 
@@ -86,6 +89,43 @@ class LocalTransport(Transport):
         if wrapped:
             result = sudo_unwrap(self.name, result)
         return self._check(result, warn)
+
+    def open_stream(self, cmd: str, *, sudo: bool = False, timeout: float | None = None) -> Stream | None:
+        wrapped = self._needs_sudo(sudo)
+        err = tempfile.TemporaryFile()  # noqa: SIM115 - closed in wait(); a file, not a pipe: stderr never blocks
+        proc = subprocess.Popen(["sh", "-c", sudo_wrap(cmd) if wrapped else cmd], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=err)
+        assert proc.stdin is not None and proc.stdout is not None
+        stdin, stdout = proc.stdin, proc.stdout
+
+        def recv(n: int) -> bytes:
+            if not select.select([stdout], [], [], timeout)[0]:
+                proc.kill()
+                raise DeployError(f"{self.name}: the node script did not answer within {timeout}s")
+            return os.read(stdout.fileno(), n)
+
+        def send(data: bytes) -> None:
+            try:
+                stdin.write(data)
+                stdin.flush()
+            except BrokenPipeError as e:
+                raise DeployError(f"{self.name}: the node script stopped reading its input") from e
+
+        def close_input() -> None:
+            if not stdin.closed:
+                with contextlib.suppress(BrokenPipeError):
+                    stdin.close()
+
+        def wait() -> tuple[int, str]:
+            code = proc.wait()
+            stdout.close()
+            err.seek(0)
+            text = err.read().decode(errors="replace")
+            err.close()
+            return code, text
+
+        return Stream(self.name, recv=recv, send=send, close_input=close_input, wait=wait, wrapped=wrapped,
+                      command=cmd)
 
     def put(self, local_path: Path | str, remote_path: str) -> None:
         dest = Path(self.path(remote_path))

@@ -10,6 +10,7 @@ that prompt appears; a second prompt means sudo rejected it (AuthFailure).
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import os
 import socket
@@ -20,7 +21,7 @@ from pathlib import Path
 import paramiko
 
 from ..errors import AuthFailure, ConnectionFailure, DeployError, HostKeyError
-from .base import SUDO_MARKER, SUDO_PROMPT, Result, Transport, sudo_unwrap, sudo_wrap
+from .base import SUDO_MARKER, SUDO_PROMPT, Result, Stream, Transport, sudo_unwrap, sudo_wrap
 from .known_hosts import KnownHosts, lookup_name
 from .sshconfig import DEFAULT_GLOBAL_KNOWN_HOSTS
 
@@ -303,6 +304,75 @@ class SSHTransport(Transport):
         if wrapped:
             result = sudo_unwrap(self.name, result)
         return self._check(result, warn)
+
+    def open_stream(self, cmd: str, *, sudo: bool = False, timeout: float | None = None) -> Stream | None:
+        """One exec channel whose stdin stays open. None where sudo needs a password or a terminal: a
+        password would be read from the same stdin, and a pty would mangle binary input."""
+        wrapped = self._needs_sudo(sudo)
+        if wrapped and (self.become_password is not None or self.pty_for_sudo):
+            return None
+        full = sudo_wrap(cmd, stdin=True) if wrapped else cmd
+        client = self._connect()
+        try:
+            chan = client.get_transport().open_session(timeout=self.connect_timeout)  # type: ignore[union-attr]
+            chan.settimeout(timeout)
+            chan.exec_command(full)
+        except (OSError, paramiko.SSHException, EOFError) as e:
+            self.close()
+            raise ConnectionFailure(f"{self.name}: connection lost while starting a command ({e}); rerun") from e
+        err = bytearray()
+
+        def recv(n: int) -> bytes:
+            try:
+                data = chan.recv(n)
+                while chan.recv_stderr_ready():  # drained as it comes: neither stream may stall the window
+                    err.extend(chan.recv_stderr(_CHUNK))
+                return data
+            except socket.timeout as e:
+                raise DeployError(f"{self.name}: the node did not answer within {timeout}s; rerun") from e
+            except (OSError, paramiko.SSHException, EOFError) as e:
+                self.close()
+                raise ConnectionFailure(f"{self.name}: connection lost while running a command ({e}); rerun") from e
+
+        def send(data: bytes) -> None:
+            try:
+                chan.sendall(data)
+            except (OSError, paramiko.SSHException, EOFError) as e:
+                self.close()
+                raise ConnectionFailure(f"{self.name}: connection lost while sending to the node ({e}); rerun") from e
+
+        def close_input() -> None:
+            with contextlib.suppress(OSError, paramiko.SSHException, EOFError):
+                chan.shutdown_write()
+
+        def wait() -> tuple[int, str]:
+            try:
+                while True:
+                    data = chan.recv_stderr(_CHUNK)
+                    if not data:
+                        break
+                    err.extend(data)
+                code = chan.recv_exit_status()
+            except (OSError, paramiko.SSHException, EOFError) as e:
+                self.close()
+                raise ConnectionFailure(f"{self.name}: connection lost while running a command ({e}); rerun") from e
+            chan.close()
+            if code == -1:  # the session died without an exit status: sshd killed, network gone
+                self.close()
+                raise ConnectionFailure(f"{self.name}: connection lost while running a command; rerun")
+            return code, err.decode(errors="replace")
+
+        stream = Stream(self.name, recv=recv, send=send, close_input=close_input, wait=wait, wrapped=wrapped,
+                        command=cmd)
+        if wrapped and self.pty_for_sudo is None:
+            try:  # sudo's first word: its marker, or a refusal (a `requiretty` refusal: use a terminal instead)
+                stream.read_until(SUDO_MARKER)
+            except AuthFailure as e:
+                if "tty" not in str(e):
+                    raise
+                self.pty_for_sudo = True  # sudo refused before running anything: the caller falls back
+                return None
+        return stream
 
     # -- files -------------------------------------------------------------------------------
     def put(self, local_path: Path | str, remote_path: str) -> None:

@@ -5,11 +5,20 @@
 # VGPU_INSTALL (1: install where no library is) VGPU_OPERATOR_JSON VGPU_TOOL_JSON
 D=$VGPU_DIR; S="$D/.vgpu-patch"; WANT=$VGPU_WANT; UP=$VGPU_UP; SRC=""; UPDIR=${UP%/*}
 NOW=$(date -u +%Y-%m-%dT%H:%M:%SZ); NOWJ="\"$NOW\""; OPJ=$VGPU_OPERATOR_JSON; TOOLJ=$VGPU_TOOL_JSON
-ACTJ="\"$VGPU_ACTION\""; BTMP=""; LOCKDIR=""; HELD=""; LT=""; TMP=""; STG="$S/staging/$WANT.so"
+ACTJ="\"$VGPU_ACTION\""; BTMP=""; NEWBK=""; LOCKDIR=""; LT=""; TMP=""
 trap '' HUP PIPE  # a dropped connection must not stop a swap half-way: finish it
+NL='
+'
+rmx() {  # rm -f what of "$@" exists: no rm process at all on the common path
+  n=$#
+  while [ "$n" -gt 0 ]; do
+    if [ -e "$1" ] || [ -L "$1" ]; then set -- "$@" "$1"; fi
+    shift; n=$((n - 1))
+  done
+  [ $# -eq 0 ] || rm -f -- "$@"
+}
 cleanup() {
-  rm -f ${TMP:+"$TMP"} "$STG.part.$$" ${BTMP:+"$BTMP"} ${BTMP:+"$BTMP.json"} ${UP:+"$UP"}
-  [ -n "$HELD" ] && [ -n "$UP" ] && rm -f "$STG"   # our staged copy; only touched while holding the lock
+  rmx ${TMP:+"$TMP"} ${BTMP:+"$BTMP"} ${BTMP:+"$BTMP.json"} ${UP:+"$UP"}
   [ -n "$LOCKDIR" ] && rmdir "$LOCKDIR"
   [ -n "$LT" ] && rm -rf "$LT"
 }
@@ -19,11 +28,19 @@ hash_of() { h=$(sha256sum < "$1") || return 1; printf '%s\n' "${h%% *}"; }
 whole_lib() {
   [ "$2" -gt 64 ] || return 1
   command -v od >/dev/null 2>&1 || return 0  # no od: a non-empty file counts as whole
-  [ "$(od -An -N4 -tx1 "$1" | tr -d ' \n')" = 7f454c46 ] || return 1
-  # shellcheck disable=SC2046  # od's numbers are meant to split into $2 .. $4
-  set -- "$2" $(od -An -j40 -N8 -tu8 "$1" 2>/dev/null) $(od -An -j58 -N4 -tu2 "$1" 2>/dev/null)
-  [ $# -eq 4 ] || return 0  # an od without 8-byte integers: the magic has to do
-  [ $(( $2 + $3 * $4 )) -le "$1" ]
+  # shellcheck disable=SC2046  # od's 64 byte values are meant to split: byte k is ${k+2}
+  set -- "$2" $(od -An -v -N64 -tu1 "$1" 2>/dev/null)
+  [ $# -eq 65 ] && [ "$2.$3.$4.$5" = 127.69.76.70 ] || return 1
+  if [ "$7" = 2 ]; then  # EI_DATA: big-endian
+    o=$(( (${42} << 56) + (${43} << 48) + (${44} << 40) + (${45} << 32) + (${46} << 24) + (${47} << 16) \
+      + (${48} << 8) + ${49} ))
+    o=$(( o + ((${60} << 8) + ${61}) * ((${62} << 8) + ${63}) ))
+  else
+    o=$(( (${49} << 56) + (${48} << 48) + (${47} << 40) + (${46} << 32) + (${45} << 24) + (${44} << 16) \
+      + (${43} << 8) + ${42} ))
+    o=$(( o + ((${61} << 8) + ${60}) * ((${63} << 8) + ${62}) ))
+  fi
+  [ "$o" -le "$1" ]  # e_shoff + e_shentsize * e_shnum: the section headers end inside the file
 }
 ME=$(id -u)
 if [ "$UP" = - ]; then  # the candidate comes base64-encoded on stdin: saved 0600 (mktemp), removed by cleanup
@@ -66,13 +83,13 @@ LIVEJ=$(printf '%s' "$LIVE" | sed 's/\\/\\\\/g; s/"/\\"/g'); LIVEJ="\"$LIVEJ\""
 if [ -L "$S" ] || { [ -e "$S" ] && [ ! -d "$S" ]; }; then
   fail 77 "$S is a symlink or not a directory: refusing to write through it; remove it (nothing changed)"
 fi
-mkdir -p "$S/backups" "$S/staging" || fail 71 "cannot create $S"
+[ -d "$S/backups" ] || mkdir -p "$S/backups" || fail 71 "cannot create $S"
 if [ "$ME" = 0 ]; then
-  bad=$(find "$S" \( -type l -o ! -user 0 -o -perm -002 -o \( -type d -perm -020 \) \) -print 2>/dev/null \
-    | head -n 1)
+  bad=$(find "$S" \( -type l -o ! -user 0 -o -perm -002 -o \( -type d -perm -020 \) \) -print 2>/dev/null)
 else
-  bad=$(find "$S" -type l -print 2>/dev/null | head -n 1)
+  bad=$(find "$S" -type l -print 2>/dev/null)
 fi
+bad=${bad%%"$NL"*}  # the first one found
 if [ -n "$bad" ]; then
   [ -L "$bad" ] && fail 77 "$bad is a symlink inside $S: refusing to follow it; remove it (nothing changed)"
   m="$bad is not root's alone (owner $(stat -c %U "$bad"), mode $(stat -c %a "$bad")): refusing to use it as root;"
@@ -84,9 +101,8 @@ if command -v flock >/dev/null 2>&1; then
 else
   mkdir "$S/lock.d" 2>/dev/null || fail 75 "locked"; LOCKDIR="$S/lock.d"
 fi
-HELD=1
 # temp files of a swap that was SIGKILLed: only a lock holder makes them, so any found now are orphans
-rm -f "$D"/.*.vgpu-patch-tmp.* "$S"/staging/*.part.* "$S"/backups/.*.tmp.*
+rmx "$D"/.*.vgpu-patch-tmp.* "$S"/staging/*.part.* "$S"/backups/.*.tmp.*
 cur=""; [ -e "$LIVE" ] && cur=$(hash_of "$LIVE")
 case "$VGPU_TO" in
   ""|previous|vendor)
@@ -137,18 +153,28 @@ print((stack[0] if to == "vendor" else stack[-1]) if stack else "")
     WANT=${1##*/}; WANT=${WANT%.so};;
 esac
 SRC="$S/backups/$WANT.so"
+# the file to go live, copied as root beside the live one under the lock: what is verified below
+# is what the rename puts in place (an upload stays its login user's to change until it is copied)
+[ -n "$SRC" ] || SRC=$UP
+cp "$SRC" "$TMP" 2>&1 || fail 71 "copying $SRC to $TMP failed (disk full?)"
+if [ -n "$UP" ]; then rm -f "$UP"; UP=""; fi
 WANTJ="\"$WANT\""
-got=$(hash_of "$SRC")
-if [ "$got" != "$WANT" ]; then
-  [ -n "$UP" ] && rm -f "$STG"
-  fail 65 "sha256 of $SRC is $got, expected $WANT"
+cur=""
+if [ -e "$LIVE" ]; then
+  BTMP="$S/backups/.live.tmp.$$"
+  cp "$LIVE" "$BTMP" 2>&1 || fail 71 "backing up $LIVE failed (disk full?)"
+  sums=$(sha256sum -- "$TMP" "$BTMP") || fail 71 "sha256sum of $TMP failed"
+  cur=${sums#*"$NL"}; cur=${cur%%[ ]*}; cur=${cur#\\}
+else
+  sums=$(sha256sum -- "$TMP") || fail 71 "sha256sum of $TMP failed"
 fi
-cur=""; [ -e "$LIVE" ] && cur=$(hash_of "$LIVE")
-if [ "$cur" = "$WANT" ]; then [ -n "$UP" ] && rm -f "$STG"; echo "@@noop"; exit 0; fi
-PRE="$SRC"
-case "$SRC" in *[[:space:]:]*)
+got=${sums%%[ ]*}; got=${got#\\}  # a name sha256sum had to escape starts its line with a backslash
+[ "$got" = "$WANT" ] || fail 65 "sha256 of $SRC is $got, expected $WANT"
+if [ "$cur" = "$WANT" ]; then echo "@@noop"; exit 0; fi
+PRE="$TMP"
+case "$TMP" in *[[:space:]:]*)
   LT=$(mktemp -d /tmp/.vgpu-patch-load.XXXXXX) || fail 71 "cannot create a temp dir in /tmp"
-  ln -s "$SRC" "$LT/libvgpu.so" && PRE="$LT/libvgpu.so";;
+  ln -s "$TMP" "$LT/libvgpu.so" && PRE="$LT/libvgpu.so";;
 esac
 out=$(LD_PRELOAD="$PRE" /bin/true 2>&1); rc=$?
 [ -n "$LT" ] && rm -rf "$LT"
@@ -156,24 +182,21 @@ case "$out" in *"cannot be preloaded"*|*"ERROR: ld.so"*) rc=127;; esac
 [ "$rc" -eq 0 ] \
   || fail 66 "LD_PRELOAD of the new file made /bin/true fail (exit $rc): $(printf '%s' "$out" | head -n 1)"
 BK=""; FROMJ=null; REC=""
-if [ -e "$LIVE" ]; then
-  BTMP="$S/backups/.live.tmp.$$"
-  cp "$LIVE" "$BTMP" 2>&1 && chmod 0644 "$BTMP" || fail 71 "backing up $LIVE failed (disk full?)"
-  cur=$(hash_of "$BTMP"); SIZE=$(stat -c %s "$BTMP"); CURJ="\"$cur\""; FROMJ="$CURJ"; REC="$cur"
+if [ -n "$BTMP" ]; then
+  SIZE=$(stat -c %s "$BTMP"); CURJ="\"$cur\""; FROMJ="$CURJ"; REC="$cur"
   BK="$S/backups/$cur.so"
   if ! whole_lib "$BTMP" "$SIZE"; then
-    rm -f "$BTMP"; BK=""; FROMJ=null; REC=""
+    BK=""; FROMJ=null; REC=""
     printf '@@partial %s\n' "$SIZE"
   elif [ -f "$BK" ] && [ "$(hash_of "$BK")" = "$cur" ]; then
-    rm -f "$BTMP"
+    :  # already kept; the copy is removed on exit
   else
-    printf '{"sha256": %s, "size": %s, "path": %s, "saved_at": %s, "operator": %s, "tool": %s}\n' "$CURJ" "$SIZE" "$LIVEJ" "$NOWJ" "$OPJ" "$TOOLJ" > "$BTMP.json" || fail 71 "writing the backup manifest failed (disk full?)"
-    sync "$BTMP" "$BTMP.json" 2>/dev/null || sync
+    chmod 0644 "$BTMP" && printf '{"sha256": %s, "size": %s, "path": %s, "saved_at": %s, "operator": %s, "tool": %s}\n' "$CURJ" "$SIZE" "$LIVEJ" "$NOWJ" "$OPJ" "$TOOLJ" > "$BTMP.json" \
+      || fail 71 "writing the backup manifest failed (disk full?)"
     mv -f "$BTMP" "$BK" && mv -f "$BTMP.json" "$S/backups/$cur.json" || fail 71 "storing the backup failed"
+    NEWBK=1  # made durable with the new file, before the rename
   fi
-  BTMP=""
 fi
-cp "$SRC" "$TMP" 2>&1 || fail 71 "writing $TMP failed (disk full?)"
 if [ -n "$cur" ]; then
   chmod --reference="$LIVE" "$TMP" 2>/dev/null || chmod 0644 "$TMP"
   [ "$ME" = 0 ] && chown --reference="$LIVE" "$TMP" 2>/dev/null
@@ -183,7 +206,8 @@ if [ -n "$cur" ]; then
 else
   chmod 0644 "$TMP"
 fi
-sync "$TMP" "$S/backups" 2>/dev/null || sync  # the new file's bytes and the backup's name, before the rename
+# the new file's bytes and a new backup's (bytes, manifest, name), before the rename
+sync "$TMP" ${NEWBK:+"$BK"} ${NEWBK:+"$S/backups/$cur.json"} "$S/backups" 2>/dev/null || sync
 out=$(mv -f "$TMP" "$LIVE" 2>&1) \
   || fail 71 "renaming $TMP over $LIVE failed ($out; EBUSY: $LIVE is a mount point, act on the host file)"
 got=$(hash_of "$LIVE")
@@ -192,10 +216,12 @@ if command -v cmp >/dev/null 2>&1; then cmp -s "$SRC" "$LIVE" || fail 68 "$LIVE 
 printf '{"time": %s, "action": %s, "path": %s, "from_sha256": %s, "to_sha256": %s, "operator": %s, "tool": %s}\n' "$NOWJ" "$ACTJ" "$LIVEJ" "$FROMJ" "$WANTJ" "$OPJ" "$TOOLJ" >> "$S/history.jsonl" \
   || fail 71 "the swap is done but appending to $S/history.jsonl failed (disk full?)"
 sync "$D" "$S/history.jsonl" 2>/dev/null || sync  # the rename (directory) and the record
-[ -n "$UP" ] && rm -f "$STG"
 # uploads orphaned by a dropped connection that could not be cleaned up then: older than an hour
-[ -n "$UPDIR" ] && command -v find >/dev/null 2>&1 \
-  && find "$UPDIR" -maxdepth 1 -name '.vgpu-patch-upload-*' -mmin +60 -exec rm -f {} + 2>/dev/null
+for f in ${UPDIR:+"$UPDIR"/.vgpu-patch-upload-*}; do
+  [ -e "$f" ] && command -v find >/dev/null 2>&1 \
+    && find "$UPDIR" -maxdepth 1 -name '.vgpu-patch-upload-*' -mmin +60 -exec rm -f {} + 2>/dev/null
+  break
+done
 true
 printf '@@ok\t%s\t%s\t%s\n' "${REC:--}" "${BK:--}" "$(stat -c %i "$LIVE")"
 printf '\n@@vgpu maps\n'
