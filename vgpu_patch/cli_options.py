@@ -14,6 +14,10 @@ json_option = click.option(
 dry_run_option = click.option(
     "--dry-run", is_flag=True, help="Show the plan and change nothing; exit 1 if changes are pending."
 )
+stale_option = click.option(
+    "--stale-pids", "stale", is_flag=True,
+    help="After each swap, list the node's processes still mapping the old library (reads every process's "
+         "/proc/PID/maps there; `vgpu-patch status` and `restart-plan` report them at any time).")
 
 
 SCHEMA_VERSION = 1

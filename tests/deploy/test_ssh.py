@@ -259,7 +259,7 @@ def test_status_over_ssh_counts_processes_on_the_old_library(sshd_sudo: SSHD, tm
     try:
         assert child.stdout.readline().strip() == "ready"
         with transport(sshd_sudo) as t:
-            r = deploy_file(t, libs["v1"], str(d), operator="x")
+            r = deploy_file(t, libs["v1"], str(d), operator="x", stale=True)
             assert child.pid in r.stale_pids
             st = node_status(t, str(d))
             assert child.pid in st.stale_pids and st.sha256 == sha(libs["v1"])

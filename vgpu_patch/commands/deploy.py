@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import click
 
-from ..cli_options import dry_run_option, emit_json, fleet_options, json_option, target_options
+from ..cli_options import dry_run_option, emit_json, fleet_options, json_option, stale_option, target_options
 from ..deploy.candidate import inspect, verify_expected
 from ..deploy.cli_targets import default_operator, policy_from, progress, resolve_targets
 from ..deploy.fleet import run_fleet, stop_requested
@@ -34,15 +34,16 @@ Exit codes: 0 every node runs FILE's sha256; 1 failed (or --dry-run with changes
               help="Refuse FILE unless its sha256 is this (FILE is also checked against its build manifest "
                    "FILE.json when one is next to it).")
 @click.option("--operator", default=None, help="Who to record in the node's history [default: user@this-host].")
+@stale_option
 @dry_run_option
 @json_option
-def cli(file: str, install: bool, check: bool, expect_sha256: str | None, operator: str | None, dry_run: bool,
-        as_json: bool, parallel: int, **kw: object) -> None:
+def cli(file: str, install: bool, check: bool, expect_sha256: str | None, operator: str | None, stale: bool,
+        dry_run: bool, as_json: bool, parallel: int, **kw: object) -> None:
     """Swap FILE in as the live libvgpu.so on every target node.
 
-    Per node: preflight (arch, glibc, free space, sudo, which file is live), upload to staging,
-    sha256 verified on the node, backup, atomic rename in the library directory, sha256 verified
-    again, history recorded. A node left mid-way still has a whole file (old or new).
+    Per node, in one privileged SSH session: preflight (arch, glibc, free space, sudo, which file is
+    live), upload, sha256 verified on the node, backup, atomic rename in the library directory, sha256
+    verified again, history recorded. A node left mid-way still has a whole file (old or new).
     """
     cand = inspect(file)  # fails early, locally, on a file that is not a shared object
     verify_expected(cand, expect_sha256)
@@ -52,7 +53,7 @@ def cli(file: str, install: bool, check: bool, expect_sha256: str | None, operat
 
     def op(t, spec):
         r = deploy_file(t, cand.path, targets.dir_for(spec), operator=who, tool=DEFAULT_TOOL, dry_run=dry_run,
-                        install=install, check=check, should_stop=stop_requested)
+                        install=install, check=check, should_stop=stop_requested, stale=stale)
         return ("changed" if r.changed else "pending" if r.pending else "unchanged"), r
 
     with progress(len(targets.specs), "deploy") as done:

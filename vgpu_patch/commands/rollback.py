@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import click
 
-from ..cli_options import dry_run_option, emit_json, fleet_options, json_option, target_options
+from ..cli_options import dry_run_option, emit_json, fleet_options, json_option, stale_option, target_options
 from ..deploy.cli_targets import default_operator, policy_from, progress, resolve_targets
 from ..deploy.fleet import run_fleet, stop_requested
 from ..deploy.render import swap_table
@@ -30,9 +30,10 @@ Exit codes: 0 every node restored (or already there); 1 failed (or --dry-run wit
                    "backup by sha256 (6+ hex digits).")
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
 @click.option("--operator", default=None, help="Who to record in the node's history [default: user@this-host].")
+@stale_option
 @dry_run_option
 @json_option
-def cli(to_sha256: str, yes: bool, operator: str | None, dry_run: bool, as_json: bool, parallel: int,
+def cli(to_sha256: str, yes: bool, operator: str | None, stale: bool, dry_run: bool, as_json: bool, parallel: int,
         **kw: object) -> None:
     """Put back the library that was live before the last swap (or the backup given by --to).
 
@@ -48,7 +49,7 @@ def cli(to_sha256: str, yes: bool, operator: str | None, dry_run: bool, as_json:
 
     def op(t, spec):
         r = rollback(t, targets.dir_for(spec), to_sha256=to_sha256, operator=who, tool=DEFAULT_TOOL,
-                     dry_run=dry_run, should_stop=stop_requested)
+                     dry_run=dry_run, should_stop=stop_requested, stale=stale)
         return ("changed" if r.changed else "pending" if r.pending else "unchanged"), r
 
     with progress(len(targets.specs), "rollback") as done:

@@ -59,7 +59,7 @@ def space_needed(facts: NodeFacts, cand: Candidate, live: LibFile | None) -> int
 def plan_swap(
     facts: NodeFacts, live: LibFile | None, live_path: str, want_sha: str, *, source: str, upload: bool,
     prepare: str = "", manifest_printf: str = "", history_printf: str = "", byte_compare: bool = False,
-    in_lock: str = "", receive: str = "",
+    in_lock: str = "", receive: str = "", stale: bool = False,
 ) -> Iterator[Step]:
     """The steps a deploy (upload=True) or rollback (source = a backup) takes; only a noop when nothing differs."""
     from . import script as S
@@ -97,4 +97,5 @@ def plan_swap(
     check = S.REVERIFY + ("\n" + S.BYTE_COMPARE if byte_compare else "")
     yield Step("verify", f"verify sha256 of {live_path} is {want_sha[:12]}{bytewise}", check)
     yield Step("record", f"append to {state}/history.jsonl", S.record(history_printf))
-    yield Step("report", "print the result and the processes mapping the library", S.REPORT)
+    yield Step("report", "print the result" + (" and the processes mapping the library" if stale else ""),
+               S.report(stale))

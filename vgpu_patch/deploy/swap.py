@@ -194,8 +194,12 @@ def deploy_file(
     check: bool = False,
     hooks: SwapHooks | None = None,
     should_stop: Callable[[], bool] | None = None,
+    stale: bool = False,
 ) -> SwapResult:
     """Swap `source` in as the node's live library (see the module docstring for the guarantees).
+
+    `stale=True` also lists the processes still mapping the old library (`stale_pids`), at the cost of
+    reading every process's maps on the node.
 
     `check=True` also runs `vgpu-patch check` on `source` against the live file (fetched once per
     distinct vendor sha256) and refuses on a blocking problem. `should_stop` is asked before the upload
@@ -206,14 +210,14 @@ def deploy_file(
     session = _Session(t, F.probe_script(t.path(node_dir), maps=False))
     try:
         return _deploy(t, session, cand, node_dir, operator=operator, tool=tool, dry_run=dry_run, install=install,
-                       action=action, check=check, hooks=hooks, should_stop=should_stop)
+                       action=action, check=check, hooks=hooks, should_stop=should_stop, stale=stale)
     finally:
         session.end()
 
 
 def _deploy(t: Transport, session: _Session, cand: Candidate, node_dir: str, *, operator: str, tool: str,
             dry_run: bool, install: bool, action: str, check: bool, hooks: SwapHooks | None,
-            should_stop: Callable[[], bool] | None) -> SwapResult:
+            should_stop: Callable[[], bool] | None, stale: bool) -> SwapResult:
     facts = F.from_probe(t, session.probe_out, node_dir, maps=False)
     _refuse_unsafe_state(t, facts)
     live = F.choose_live(facts, t.name)
@@ -230,7 +234,7 @@ def _deploy(t: Transport, session: _Session, cand: Candidate, node_dir: str, *, 
                           upload_real=t.path(upload), source_real=None, upload_dir=t.path(UPLOAD_DIR)),
         manifest_printf=_manifest_printf(live_path, operator, tool),
         history_printf=_history_printf(action, live_path, cand.sha256, operator, tool),
-        in_lock=hooks.in_lock if hooks else "",
+        in_lock=hooks.in_lock if hooks else "", stale=stale,
     ))
     result = SwapResult(t.name, action, False, live_path, live.sha256 if live else None, cand.sha256, plan=plan)
     if plan[0].kind == "noop":
@@ -354,19 +358,22 @@ def rollback(
     dry_run: bool = False,
     hooks: SwapHooks | None = None,
     should_stop: Callable[[], bool] | None = None,
+    stale: bool = False,
 ) -> SwapResult:
-    """Restore a recorded backup the same atomic way, verified by sha256 and byte for byte."""
+    """Restore a recorded backup the same atomic way, verified by sha256 and byte for byte (`stale`: as
+    for deploy_file)."""
     node_dir = target_dir.rstrip("/") or "/"
     session = _Session(t, F.probe_script(t.path(node_dir), history=F.ALL_HISTORY, maps=False))
     try:
         return _rollback(t, session, node_dir, to_sha256=to_sha256, operator=operator, tool=tool, dry_run=dry_run,
-                         hooks=hooks, should_stop=should_stop)
+                         hooks=hooks, should_stop=should_stop, stale=stale)
     finally:
         session.end()
 
 
 def _rollback(t: Transport, session: _Session, node_dir: str, *, to_sha256: str | None, operator: str, tool: str,
-              dry_run: bool, hooks: SwapHooks | None, should_stop: Callable[[], bool] | None) -> SwapResult:
+              dry_run: bool, hooks: SwapHooks | None, should_stop: Callable[[], bool] | None,
+              stale: bool) -> SwapResult:
     facts = F.from_probe(t, session.probe_out, node_dir, maps=False)
     _refuse_unsafe_state(t, facts)
     live = F.choose_live(facts, t.name)
@@ -382,7 +389,7 @@ def _rollback(t: Transport, session: _Session, node_dir: str, *, to_sha256: str 
                           source_real=t.path(src_node), upload_dir=None),
         manifest_printf=_manifest_printf(live_path, operator, tool),
         history_printf=_history_printf("rollback", live_path, want, operator, tool),
-        byte_compare=True, in_lock=hooks.in_lock if hooks else "",
+        byte_compare=True, in_lock=hooks.in_lock if hooks else "", stale=stale,
     ))
     result = SwapResult(t.name, "rollback", False, live_path, live.sha256 if live else None, want, plan=plan)
     if plan[0].kind == "noop" or dry_run:
