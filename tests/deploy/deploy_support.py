@@ -49,6 +49,17 @@ def leftovers(d: Path) -> list[str]:
     return names
 
 
+def leftovers_after_exit(d: Path, timeout: float = 10.0) -> list[str]:
+    """leftovers(d) once the node's script is done: over a cut link it runs on, orphaned, for a few ms
+    (it ignores HUP), and removes its own temp files when its sha256 check fails. Polled, bounded."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while leftovers(d) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return leftovers(d)
+
+
 _LIB_SRC = r"""
 #include <stddef.h>
 __attribute__((used)) static const char marker[] = "%(marker)s";

@@ -409,3 +409,30 @@ def test_operator_text_is_recorded_verbatim(node, libs) -> None:
     manifest = json.loads((d / ".vgpu-patch" / "backups" / f"{sha(libs['vendor'])}.json").read_text())
     assert manifest["operator"] == who and manifest["size"] == libs["vendor"].stat().st_size
     assert manifest["saved_at"] == entry["time"] and entry["time"].endswith("Z")
+
+
+def test_one_session_runs_only_a_whole_script(node, libs) -> None:
+    """The probe waits for `@@go N` and N bytes: a script cut short is refused, EOF ends it quietly."""
+    from vgpu_patch.deploy import facts as F
+    from vgpu_patch.deploy import script as S
+
+    t, d = node
+    probe = F.probe_script(t.path(DIR), maps=False) + S.AWAIT
+    marker = d / "ran"
+    body = f": > {marker}\n{S.SCRIPT_END}\n".encode()
+    stream = t.open_stream(probe, sudo=True, timeout=30)
+    assert stream is not None and "@@vgpu arch" in stream.read_until(S.PROBE_END)
+    stream.send(f"@@go {len(body)}\n".encode() + body[:-8])  # cut before its end line is complete
+    res = stream.finish()
+    assert res.exited == 71 and "arrived cut" in res.stdout and not marker.exists()
+    stream = t.open_stream(probe, sudo=True, timeout=30)
+    assert stream is not None
+    stream.read_until(S.PROBE_END)
+    res = stream.finish()  # nothing to do: EOF instead of a script
+    assert res.ok and res.stdout == "" and not marker.exists()
+    stream = t.open_stream(probe, sudo=True, timeout=30)
+    assert stream is not None
+    stream.read_until(S.PROBE_END)
+    stream.send(b"a stray line (an unread sudo password, say)\n" + f"@@go {len(body)}\n".encode() + body)
+    assert stream.finish().ok and marker.exists()
+    assert (d / "libvgpu.so").read_bytes() == libs["vendor"].read_bytes()

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from deploy_support import IS_ROOT, NO_SUDO, assert_whole, build_lib, leftovers, sha
+from deploy_support import IS_ROOT, NO_SUDO, assert_whole, build_lib, leftovers, leftovers_after_exit, sha
 from deploy_tcpproxy import CuttingProxy
 from sshd_harness import SSHD, known_hosts_file
 
@@ -113,7 +113,7 @@ def test_connection_cut_mid_upload_leaves_old_file(sshd_root: SSHD, tmp_path: Pa
     finally:
         proxy.stop()
     assert_whole(d / "libvgpu.so", libs["vendor"])
-    assert leftovers(d) == []
+    assert leftovers_after_exit(d) == []
     with transport(sshd_root) as t:  # a rerun over a good link completes
         assert deploy_file(t, big, str(d), operator="x").changed
     assert_whole(d / "libvgpu.so", big)

@@ -86,7 +86,7 @@ def probe_script(real_dir: str, *, history: int = 20, maps: bool = True) -> str:
         _section("flock"), "command -v flock || true",
         _section("dir"), "[ -d \"$D\" ] && echo yes",
         _section("df"),
-        "p=\"$D\"; while [ ! -d \"$p\" ]; do p=$(dirname \"$p\"); done; df -Pk \"$p\" | tail -n 1",
+        "p=\"$D\"; while [ ! -d \"$p\" ]; do p=$(dirname \"$p\"); done; df -Pk \"$p\"",  # its last line counts
         _section("files"),
         "for f in \"$D\"/" + LIB + " \"$D\"/" + LIB + ".*; do"
         " n=${f##*/};"
@@ -206,7 +206,7 @@ def parse(text: str, node_dir: str) -> NodeFacts:
     facts.uid = int(one("uid") or -1)
     facts.has_flock = bool(one("flock"))
     facts.dir_exists = one("dir") == "yes"
-    df = one("df").split()
+    df = (sec.get("df") or [""])[-1].split()  # df's header, then the filesystem's line
     facts.free_bytes = int(df[3]) * 1024 if len(df) >= 4 and df[3].isdigit() else None
     facts.files = parse_files(sec.get("files", []), node_dir)
     pre = sec.get("preload")

@@ -72,8 +72,7 @@ def plan_swap(
     yield Step("verify", f"refuse {state} if it holds symlinks or (as root) anything not root's alone", S.SAFE_STATE)
     yield Step("lock", f"take {state}/lock", S.LOCK + ("\n" + in_lock if in_lock else ""))
     if receive:  # the candidate follows the script on the session's stdin
-        yield Step("upload", f"receive {source} on stdin (0600), copy it beside the live file",
-                   receive + "\n" + S.STAGE)
+        yield Step("upload", f"receive {source} on stdin into a new 0600 temp file beside the live file", receive)
     else:
         what = f"the upload of {source} (0600)" if upload else source
         yield Step("upload" if upload else "stage", f"copy {what} beside the live file", S.STAGE)

@@ -161,15 +161,15 @@ exit 0
 
 
 def receive(size: int) -> str:
-    """The candidate's bytes, which follow the script on stdin, into a new 0600 file (never a planted one)."""
-    return f"""[ -d "$UPDIR" ] || mkdir -p "$UPDIR"  # only under a fake node root (tests, --local ROOT)
-( umask 077; set -C; : > "$UP" ) 2>/dev/null \\
-  || fail {WRITE} "cannot create $UP (it exists, or $UPDIR is full); remove it and rerun"
-head -c {int(size)} > "$UP" || fail {WRITE} "receiving the upload into $UP failed (disk full?)\""""
+    """The candidate's bytes, which follow the script on stdin, straight into the temp file beside the
+    live one (as root, under the lock, created new and 0600: never a planted file). No upload in /tmp."""
+    return f"""( umask 077; set -C; : > "$TMP" ) 2>/dev/null || fail {WRITE} "cannot create $TMP (disk full?)"
+head -c {int(size)} > "$TMP" || fail {WRITE} "receiving the upload into $TMP failed (disk full?)"
+SRC="the upload\""""
 
 
-# a test seam: the controller runs its after-upload hook, then sends a line
-PAUSE = f"""printf '%s\\n' '{RECEIVED}'; read -r _ || true"""
+# a test seam: the controller runs its after-upload hook on the file named, then sends a line
+PAUSE = f"""printf '%s\\n%s\\n' "$TMP" '{RECEIVED}'; read -r _ || true"""
 
 
 # The live file is copied aside first and that copy hashed with the candidate in one sha256sum: the

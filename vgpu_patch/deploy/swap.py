@@ -114,7 +114,7 @@ class _Session:
         self.streamed = self.stream is not None
 
     def run_script(self, script: str, payload: Path | None = None,
-                   on_received: Callable[[], None] | None = None) -> Result:
+                   on_received: Callable[[str], None] | None = None) -> Result:
         if self.stream is None:
             return self.t.run(script, sudo=True, warn=True, timeout=300)
         stream, self.stream = self.stream, None
@@ -125,9 +125,8 @@ class _Session:
                 with open(payload, "rb") as f:
                     while chunk := f.read(1 << 16):
                         stream.send(chunk)
-            if on_received is not None:
-                stream.read_until(S.RECEIVED)
-                on_received()
+            if on_received is not None:  # the test seam: the script names the file it received, and waits
+                on_received(stream.read_until(S.RECEIVED).splitlines()[-2])
                 stream.send(b"\n")
         except VgpuPatchError:
             with contextlib.suppress(VgpuPatchError):  # the script stopped reading: it failed, and says why
@@ -223,7 +222,7 @@ def _deploy(t: Transport, session: _Session, cand: Candidate, node_dir: str, *, 
     live = F.choose_live(facts, t.name)
     live_path = live.path if live else f"{node_dir}/{F.LIB}"
     preflight(facts, cand, t.name, live, install=install)
-    upload = f"{UPLOAD_DIR}/.vgpu-patch-upload-{cand.sha256[:12]}-{secrets.token_hex(6)}"
+    upload = f"{UPLOAD_DIR}/.vgpu-patch-upload-{cand.sha256[:12]}-{secrets.token_hex(6)}"  # SFTP only
     after_upload = hooks.after_upload if hooks else None
     receive = ""
     if session.streamed:
@@ -231,7 +230,8 @@ def _deploy(t: Transport, session: _Session, cand: Candidate, node_dir: str, *, 
     plan = list(plan_swap(
         facts, live, live_path, cand.sha256, source=cand.path.name, upload=True, receive=receive,
         prepare=S.prepare(real_dir=t.path(node_dir), live_real=t.path(live_path), want=cand.sha256,
-                          upload_real=t.path(upload), source_real=None, upload_dir=t.path(UPLOAD_DIR)),
+                          upload_real=None if session.streamed else t.path(upload), source_real=None,
+                          upload_dir=t.path(UPLOAD_DIR)),
         manifest_printf=_manifest_printf(live_path, operator, tool),
         history_printf=_history_printf(action, live_path, cand.sha256, operator, tool),
         in_lock=hooks.in_lock if hooks else "", stale=stale,
@@ -256,15 +256,15 @@ def _deploy(t: Transport, session: _Session, cand: Candidate, node_dir: str, *, 
         except BaseException:
             _remove_upload(t, upload, redial=True)  # a partial or unused upload: nothing else will remove it
             raise
-    hook = (lambda: after_upload(t.path(upload))) if session.streamed and after_upload else None
+    hook = after_upload if session.streamed else None
     try:
         res = session.run_script(S.script([st.sh for st in plan]), cand.path if session.streamed else None, hook)
     except BaseException:
-        # the script removes the upload itself, and may still be running orphaned (it finishes a swap it
-        # started). Streamed, the upload may be cut short: one quick re-dial removes it (the script, should
-        # it still run, then fails its sha256 check); else only an intact link may remove it here
-        if session.streamed or _alive(t):
-            _remove_upload(t, upload, redial=session.streamed)
+        # the script removes its temp files itself, and may still be running orphaned (it finishes a swap
+        # it started, or fails the sha256 check of an upload cut short): only an SFTP upload over an
+        # intact link is removed here
+        if not session.streamed and _alive(t):
+            _remove_upload(t, upload, redial=False)
         raise
     state, mapped, bk, ino, replaced = _parse_swap(t, res, node_dir)
     if state == "noop":
