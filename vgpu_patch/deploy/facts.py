@@ -82,7 +82,7 @@ def probe_script(real_dir: str, *, history: int = 20, maps: bool = True) -> str:
         f"D={d}; S=\"$D/{STATE}\"",
         _section("arch"), "uname -m",
         _section("glibc"), "getconf GNU_LIBC_VERSION 2>/dev/null || ldd --version 2>&1 | head -n 1",
-        _section("uid"), "id -u",
+        _section("uid"), "PROBED_ME=$(id -u); echo \"$PROBED_ME\"",  # reused by a swap in the same shell
         _section("flock"), "command -v flock || true",
         _section("dir"), "[ -d \"$D\" ] && echo yes",
         _section("df"),

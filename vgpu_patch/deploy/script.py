@@ -94,13 +94,15 @@ trap cleanup EXIT
 fail() {{ code=$1; shift; printf '@@err %s\\n' "$*"; exit "$code"; }}
 hash_of() {{ h=$(sha256sum < "$1") || return 1; printf '%s\\n' "${{h%% *}}"; }}
 {WHOLE_LIB}
-ME=$(id -u)"""
+ME=${{PROBED_ME:-$(id -u)}}"""
 
 
 def prepare(*, real_dir: str, live_real: str, want: str, upload_real: str | None, source_real: str | None,
-            upload_dir: str | None) -> str:
+            upload_dir: str | None, after_probe: bool = False) -> str:
+    """The script's parameters; `after_probe`: it runs in the probe's shell (PROBED_ME is the probe's)."""
     q = shlex.quote
-    return f"""D={q(real_dir)}; S="$D/{STATE}"; LIVE={q(live_real)}; WANT={q(want)}
+    first = "" if after_probe else 'PROBED_ME=""\n'
+    return first + f"""D={q(real_dir)}; S="$D/{STATE}"; LIVE={q(live_real)}; WANT={q(want)}
 UP={q(upload_real or '')}; SRC={q(source_real or '')}; UPDIR={q(upload_dir or '')}
 NOW=$(date -u +%Y-%m-%dT%H:%M:%SZ); NOWJ="\\"$NOW\\""
 TMP="$D/.${{LIVE##*/}}.vgpu-patch-tmp.$$"; BTMP=""; NEWBK=""; LOCKDIR=""; LT=""
@@ -163,9 +165,9 @@ exit 0
 def receive(size: int) -> str:
     """The candidate's bytes, which follow the script on stdin, straight into the temp file beside the
     live one (as root, under the lock, created new and 0600: never a planted file). No upload in /tmp."""
-    return f"""( umask 077; set -C; : > "$TMP" ) 2>/dev/null || fail {WRITE} "cannot create $TMP (disk full?)"
-head -c {int(size)} > "$TMP" || fail {WRITE} "receiving the upload into $TMP failed (disk full?)"
-SRC="the upload\""""
+    return f"""umask 077; set -C  # noclobber: the redirection creates $TMP with O_EXCL
+head -c {int(size)} > "$TMP" || fail {WRITE} "receiving the upload into $TMP failed (it exists, or disk full?)"
+set +C; umask 022; SRC="the upload\""""
 
 
 # a test seam: the controller runs its after-upload hook on the file named, then sends a line
@@ -215,8 +217,7 @@ if [ -n "$BTMP" ]; then
   elif [ -f "$BK" ] && [ "$(hash_of "$BK")" = "$cur" ]; then
     :  # already kept; the copy is removed on exit
   else
-    chmod 0644 "$BTMP" && {manifest_printf} > "$BTMP.json" \\
-      || fail {WRITE} "writing the backup manifest failed (disk full?)"
+    {manifest_printf} > "$BTMP.json" || fail {WRITE} "writing the backup manifest failed (disk full?)"
     mv -f "$BTMP" "$BK" && mv -f "$BTMP.json" "$S/backups/$cur.json" || fail {WRITE} "storing the backup failed"
     NEWBK=1  # made durable with the new file, before the rename
   fi
@@ -224,8 +225,12 @@ fi"""
 
 
 SWAP = f"""if [ -n "$cur" ]; then
-  chmod --reference="$LIVE" "$TMP" 2>/dev/null || chmod 0644 "$TMP"
-  [ "$ME" = 0 ] && chown --reference="$LIVE" "$TMP" 2>/dev/null
+  keep=mode; [ "$ME" = 0 ] && keep=mode,ownership
+  # the live file's mode (and owner, as root) in one process; without GNU cp's --attributes-only, two
+  if ! cp --attributes-only --preserve="$keep" "$LIVE" "$TMP" 2>/dev/null; then
+    chmod --reference="$LIVE" "$TMP" 2>/dev/null || chmod 0644 "$TMP"
+    [ "$ME" = 0 ] && chown --reference="$LIVE" "$TMP" 2>/dev/null
+  fi
   if [ -e /sys/fs/selinux/enforce ] && command -v chcon >/dev/null 2>&1; then
     chcon --reference="$LIVE" "$TMP" 2>/dev/null
   fi
@@ -258,9 +263,12 @@ true"""
 
 
 def report(stale: bool) -> str:
-    """The result line, then (`stale`) every process mapping the library: one grep over all /proc maps."""
+    """The result line, then (`stale`) the live inode and every process mapping the library (one grep over
+    all /proc maps)."""
+    if not stale:
+        return """printf '@@ok\\t%s\\t%s\\t-\\n' "${REC:--}" "${BK:--}"\nexit 0"""
     head = """printf '@@ok\\t%s\\t%s\\t%s\\n' "${REC:--}" "${BK:--}" "$(stat -c %i "$LIVE")"\n"""
-    return head + (f"printf '\\n@@vgpu maps\\n'\n{maps_snippet()}\n" if stale else "") + "exit 0"
+    return head + f"printf '\\n@@vgpu maps\\n'\n{maps_snippet()}\nexit 0"
 
 
 def script(fragments: list[str]) -> str:
@@ -322,7 +330,7 @@ AMBIGUOUS = 67
 STANDALONE_PROLOGUE = f"""# Parameters (set before this text): VGPU_DIR VGPU_ACTION (deploy|rollback) VGPU_WANT
 # VGPU_UP (a path, or -: base64 on stdin) VGPU_TO
 # VGPU_INSTALL (1: install where no library is) VGPU_OPERATOR_JSON VGPU_TOOL_JSON
-D=$VGPU_DIR; S="$D/{STATE}"; WANT=$VGPU_WANT; UP=$VGPU_UP; SRC=""; UPDIR=${{UP%/*}}
+D=$VGPU_DIR; S="$D/{STATE}"; WANT=$VGPU_WANT; UP=$VGPU_UP; SRC=""; UPDIR=${{UP%/*}}; PROBED_ME=""
 NOW=$(date -u +%Y-%m-%dT%H:%M:%SZ); NOWJ="\\"$NOW\\""; OPJ=$VGPU_OPERATOR_JSON; TOOLJ=$VGPU_TOOL_JSON
 ACTJ="\\"$VGPU_ACTION\\""; BTMP=""; NEWBK=""; LOCKDIR=""; LT=""; TMP=""
 {RUNTIME}

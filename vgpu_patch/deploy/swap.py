@@ -156,7 +156,7 @@ def _parse_swap(t: Transport, res: Result, where: str) -> tuple[str, list[F.Mapp
     _, cur, bk, ino = line.split("\t")  # tabs: a backup path may hold spaces
     maps_part = out.split("@@vgpu maps", 1)[1] if "@@vgpu maps" in out else ""
     mapped = F.parse_maps([ln for ln in maps_part.splitlines() if ln.strip()])
-    return "ok", mapped, (None if bk == "-" else bk), int(ino), (None if cur == "-" else cur)
+    return "ok", mapped, (None if bk == "-" else bk), (-1 if ino == "-" else int(ino)), (None if cur == "-" else cur)
 
 
 def _node_path(t: Transport, real: str | None, node_dir: str) -> str | None:
@@ -231,7 +231,7 @@ def _deploy(t: Transport, session: _Session, cand: Candidate, node_dir: str, *, 
         facts, live, live_path, cand.sha256, source=cand.path.name, upload=True, receive=receive,
         prepare=S.prepare(real_dir=t.path(node_dir), live_real=t.path(live_path), want=cand.sha256,
                           upload_real=None if session.streamed else t.path(upload), source_real=None,
-                          upload_dir=t.path(UPLOAD_DIR)),
+                          upload_dir=t.path(UPLOAD_DIR), after_probe=session.streamed),
         manifest_printf=_manifest_printf(live_path, operator, tool),
         history_printf=_history_printf(action, live_path, cand.sha256, operator, tool),
         in_lock=hooks.in_lock if hooks else "", stale=stale,
@@ -386,7 +386,7 @@ def _rollback(t: Transport, session: _Session, node_dir: str, *, to_sha256: str 
     plan = list(plan_swap(
         facts, live, live_path, want, source=src_node, upload=False,
         prepare=S.prepare(real_dir=t.path(node_dir), live_real=t.path(live_path), want=want, upload_real=None,
-                          source_real=t.path(src_node), upload_dir=None),
+                          source_real=t.path(src_node), upload_dir=None, after_probe=session.streamed),
         manifest_printf=_manifest_printf(live_path, operator, tool),
         history_printf=_history_printf("rollback", live_path, want, operator, tool),
         byte_compare=True, in_lock=hooks.in_lock if hooks else "", stale=stale,

@@ -3,7 +3,7 @@
 # Parameters (set before this text): VGPU_DIR VGPU_ACTION (deploy|rollback) VGPU_WANT
 # VGPU_UP (a path, or -: base64 on stdin) VGPU_TO
 # VGPU_INSTALL (1: install where no library is) VGPU_OPERATOR_JSON VGPU_TOOL_JSON
-D=$VGPU_DIR; S="$D/.vgpu-patch"; WANT=$VGPU_WANT; UP=$VGPU_UP; SRC=""; UPDIR=${UP%/*}
+D=$VGPU_DIR; S="$D/.vgpu-patch"; WANT=$VGPU_WANT; UP=$VGPU_UP; SRC=""; UPDIR=${UP%/*}; PROBED_ME=""
 NOW=$(date -u +%Y-%m-%dT%H:%M:%SZ); NOWJ="\"$NOW\""; OPJ=$VGPU_OPERATOR_JSON; TOOLJ=$VGPU_TOOL_JSON
 ACTJ="\"$VGPU_ACTION\""; BTMP=""; NEWBK=""; LOCKDIR=""; LT=""; TMP=""
 trap '' HUP PIPE  # a dropped connection must not stop a swap half-way: finish it
@@ -42,7 +42,7 @@ whole_lib() {
   fi
   [ "$o" -le "$1" ]  # e_shoff + e_shentsize * e_shnum: the section headers end inside the file
 }
-ME=$(id -u)
+ME=${PROBED_ME:-$(id -u)}
 if [ "$UP" = - ]; then  # the candidate comes base64-encoded on stdin: saved 0600 (mktemp), removed by cleanup
   UP=$(mktemp "${TMPDIR:-/tmp}/.vgpu-patch-upload-XXXXXXXXXX") || fail 71 "cannot create an upload file in /tmp"
   UPDIR=${UP%/*}
@@ -191,15 +191,18 @@ if [ -n "$BTMP" ]; then
   elif [ -f "$BK" ] && [ "$(hash_of "$BK")" = "$cur" ]; then
     :  # already kept; the copy is removed on exit
   else
-    chmod 0644 "$BTMP" && printf '{"sha256": %s, "size": %s, "path": %s, "saved_at": %s, "operator": %s, "tool": %s}\n' "$CURJ" "$SIZE" "$LIVEJ" "$NOWJ" "$OPJ" "$TOOLJ" > "$BTMP.json" \
-      || fail 71 "writing the backup manifest failed (disk full?)"
+    printf '{"sha256": %s, "size": %s, "path": %s, "saved_at": %s, "operator": %s, "tool": %s}\n' "$CURJ" "$SIZE" "$LIVEJ" "$NOWJ" "$OPJ" "$TOOLJ" > "$BTMP.json" || fail 71 "writing the backup manifest failed (disk full?)"
     mv -f "$BTMP" "$BK" && mv -f "$BTMP.json" "$S/backups/$cur.json" || fail 71 "storing the backup failed"
     NEWBK=1  # made durable with the new file, before the rename
   fi
 fi
 if [ -n "$cur" ]; then
-  chmod --reference="$LIVE" "$TMP" 2>/dev/null || chmod 0644 "$TMP"
-  [ "$ME" = 0 ] && chown --reference="$LIVE" "$TMP" 2>/dev/null
+  keep=mode; [ "$ME" = 0 ] && keep=mode,ownership
+  # the live file's mode (and owner, as root) in one process; without GNU cp's --attributes-only, two
+  if ! cp --attributes-only --preserve="$keep" "$LIVE" "$TMP" 2>/dev/null; then
+    chmod --reference="$LIVE" "$TMP" 2>/dev/null || chmod 0644 "$TMP"
+    [ "$ME" = 0 ] && chown --reference="$LIVE" "$TMP" 2>/dev/null
+  fi
   if [ -e /sys/fs/selinux/enforce ] && command -v chcon >/dev/null 2>&1; then
     chcon --reference="$LIVE" "$TMP" 2>/dev/null
   fi
