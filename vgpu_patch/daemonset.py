@@ -35,6 +35,7 @@ _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 _EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+DEFAULT_NODE_SELECTOR = {"gpu": "on"}  # HAMi's GPU node label
 
 
 @dataclass
@@ -44,7 +45,7 @@ class DaemonSetOptions:
     image: str = f"vgpu-patch-agent:{__version__}"
     namespace: str = SYSTEM_NAMESPACE
     name: str = APP
-    node_selector: dict[str, str] = field(default_factory=lambda: {"gpu": "on"})
+    node_selector: dict[str, str] = field(default_factory=lambda: dict(DEFAULT_NODE_SELECTOR))
     host_dir: str = "/usr/local/vgpu"
     sha256: str | None = None
     interval: float = 10.0
@@ -77,7 +78,8 @@ VALUE_NAMES = {
 VALUE_HELP = {
     "image": "--image: the agent image (one tag for amd64 and arm64: deploy/build-multiarch.sh)",
     "fullnameOverride": "--name: name of the DaemonSet, ServiceAccount and ClusterRole",
-    "nodeSelector": "--node-selector KEY=VALUE: run only on these nodes (HAMi labels GPU nodes gpu=on)",
+    "nodeSelector": "--node-selector KEY=VALUE: node labels to run on; null = gpu=on (HAMi's GPU label); a map "
+                    "replaces it, {} = all nodes",
     "hostDir": "--host-dir: the host's library directory",
     "sha256": "--sha256: pin the library's sha256 (null: the image's build manifest)",
     "interval": "--interval: seconds between re-checks (inotify wakes the agent sooner)",
@@ -326,9 +328,18 @@ def render_yaml(opts: DaemonSetOptions) -> str:
 
 # -- the chart's values, generated from the same options -------------------------------------------------
 def chart_values(opts: DaemonSetOptions | None = None) -> dict[str, Any]:
-    """values.yaml of charts/vgpu-patch-agent: the options under their chart names."""
+    """values.yaml of charts/vgpu-patch-agent: the options under their chart names.
+
+    The default node selector is null there, and the template reads null as gpu=on: helm merges a map the
+    user gives into the chart's map of the same name, so a default `nodeSelector: {gpu: "on"}` would stay
+    in every selector (AND-ed with the user's labels) and `{}` could never clear it. Over null, the user's
+    map replaces the default, as --node-selector does.
+    """
     d = asdict(opts or DaemonSetOptions())
-    return {VALUE_NAMES[k]: d[k] for k in VALUE_NAMES}
+    values = {VALUE_NAMES[k]: d[k] for k in VALUE_NAMES}
+    if values["nodeSelector"] == DEFAULT_NODE_SELECTOR:
+        values["nodeSelector"] = None
+    return values
 
 
 _SCHEMA_TYPES = {"str": "string", "float": "number", "int": "integer", "bool": "boolean"}
@@ -351,6 +362,7 @@ def values_schema() -> dict[str, Any]:
             base = t.split("|")[0].strip()
             schema = {"type": [_SCHEMA_TYPES[base], "null"] if "None" in t else _SCHEMA_TYPES[base]}
         props[VALUE_NAMES[f.name]] = schema
+    props["nodeSelector"] = {"type": ["object", "null"], "additionalProperties": {"type": "string"}}  # null: gpu=on
     props["interval"] = {"type": "number", "minimum": 0.5}
     props["metricsPort"] = {"type": ["integer", "null"], "minimum": 1, "maximum": 65535}  # null: no port, exec probes
     props["global"] = {"type": "object"}  # helm passes `global` to a chart used as a dependency

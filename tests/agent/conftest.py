@@ -1,4 +1,4 @@
-"""Fixtures for the agent tests: a temporary host root and tiny real shared objects built with gcc."""
+"""Fixtures for the agent tests: a temporary host root, tiny real shared objects built with gcc, and helm."""
 from __future__ import annotations
 
 import json
@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from agent_helpers import TIMEOUT, Host, Image, build_lib, sha, wait_for
+from helm_bin import HOW_TO_GET, Helm, find_helm
 
 from vgpu_patch.agent import Agent, AgentConfig
 
@@ -20,6 +21,15 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     d = tmp_path_factory.mktemp("agentlibs")
     return {"vendor": build_lib(d, "vendor.so", "HAMi-core vendor build", 0),
             "ours": build_lib(d, "libvgpu.so", "vgpu-patch-shim 0.1.0", 1)}
+
+
+@pytest.fixture(scope="session")
+def helm(tmp_path_factory: pytest.TempPathFactory) -> Helm:
+    """The real helm (tests/agent/helm_bin.py); the tests that need it skip without one."""
+    path = find_helm()
+    if path is None:
+        pytest.skip(HOW_TO_GET)
+    return Helm(path, tmp_path_factory.mktemp("helm-home"))
 
 
 @pytest.fixture

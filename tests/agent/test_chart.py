@@ -1,21 +1,18 @@
 """charts/vgpu-patch-agent renders exactly what `vgpu-patch daemonset` renders, for each option set.
 
-Rendered with `helm template` when a helm binary is on PATH; otherwise with tests/agent/gotemplate.py, a
-minimal renderer of the Go-template subset the chart uses (no helm can be installed from the package
-registries this project reaches). Every rendered object is validated against several Kubernetes versions.
+Rendered, linted and schema-checked by the real helm (tests/agent/helm_bin.py: $VGPU_TEST_HELM or helm on
+PATH; CI fetches the pinned v4.1.4 with .ci/fetch_helm.py), for several Kubernetes versions, and every
+rendered object validated against that version's schemas. Without helm those tests skip, saying how to get it.
 """
 from __future__ import annotations
 
-import copy
 import json
-import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 
-import gotemplate
 import pytest
 import yaml
+from helm_bin import Helm
 
 from vgpu_patch import __version__
 from vgpu_patch.daemonset import (
@@ -29,7 +26,8 @@ from vgpu_patch.daemonset import (
 
 CHART = Path(__file__).resolve().parents[2] / "charts" / "vgpu-patch-agent"
 kv = pytest.importorskip("kubernetes_validate", reason="pip install kubernetes-validate (ships the schemas)")
-K8S_VERSIONS = ("1.25.0", "1.28.0", "1.31.0", kv.latest_version())
+# the chart's floor (Chart.yaml kubeVersion), versions between, and the newest kubernetes-validate knows
+K8S_VERSIONS = tuple(dict.fromkeys(("1.25.0", "1.28.0", "1.31.0", "1.35.0", kv.latest_version())))
 
 CASES: dict[str, DaemonSetOptions] = {
     "defaults": DaemonSetOptions(),
@@ -44,27 +42,29 @@ CASES: dict[str, DaemonSetOptions] = {
 }
 
 
-def helm_render(values: dict[str, Any], namespace: str, tmp: Path) -> list[dict]:
-    vfile = tmp / "values.json"
-    vfile.write_text(json.dumps(values))
-    out = subprocess.run(["helm", "template", "vgpu-patch-agent", str(CHART), "-n", namespace, "-f", str(vfile)],
-                         capture_output=True, text=True, check=True).stdout
-    return [d for d in yaml.safe_load_all(out) if d]
+def by_kind(docs: list[dict]) -> list[dict]:
+    return sorted(docs, key=lambda d: d["kind"])
 
 
-def mini_render(values: dict[str, Any], namespace: str) -> list[dict]:
-    merged = copy.deepcopy(yaml.safe_load((CHART / "values.yaml").read_text()))
-    merged.update(values)  # helm merges -f values over the chart's values.yaml the same way at the top level
-    docs: list[dict] = []
-    for name in ("rbac.yaml", "daemonset.yaml"):
-        text = gotemplate.render((CHART / "templates" / name).read_text(), merged, namespace=namespace,
-                                 app_version=__version__)
-        docs += [d for d in yaml.safe_load_all(text) if d]
-    return docs
+def values_file(opts: DaemonSetOptions, tmp: Path) -> str:
+    path = tmp / "values.json"
+    path.write_text(json.dumps(chart_values(opts)))
+    return str(path)
 
 
-def chart_render(values: dict[str, Any], namespace: str, tmp: Path) -> list[dict]:
-    return helm_render(values, namespace, tmp) if shutil.which("helm") else mini_render(values, namespace)
+def render(helm: Helm, opts: DaemonSetOptions, tmp: Path, *args: str) -> list[dict]:
+    """`helm template -n NAMESPACE -f values.json` with the chart values of these options."""
+    return helm.template(CHART, "-n", opts.namespace, "-f", values_file(opts, tmp), *args)
+
+
+def deployment(docs: list[dict]) -> dict[str, Any]:
+    (ds,) = (d for d in docs if d["kind"] == "DaemonSet")
+    return ds
+
+
+def pod_spec(docs: list[dict]) -> dict[str, Any]:
+    spec: dict[str, Any] = deployment(docs)["spec"]["template"]["spec"]
+    return spec
 
 
 def test_generated_chart_files_are_current() -> None:
@@ -72,54 +72,95 @@ def test_generated_chart_files_are_current() -> None:
         assert (CHART / rel).read_text() == text, f"re-generate: vgpu-patch daemonset --write-chart {CHART}"
     chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
     assert chart["version"] == chart["appVersion"] == __version__
+    assert yaml.safe_load((CHART / "values.yaml").read_text()) == chart_values()
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_chart_renders_what_the_cli_renders(case: str, tmp_path: Path) -> None:
-    """values = chart_values(options): the chart's objects equal `vgpu-patch daemonset`'s, and are valid."""
+def test_chart_renders_what_the_cli_renders(case: str, helm: Helm, tmp_path: Path) -> None:
+    """values = chart_values(options): the chart's objects equal `vgpu-patch daemonset`'s."""
     opts = CASES[case]
-    got = chart_render(chart_values(opts), opts.namespace, tmp_path)
-    want = render_all(opts)
-    key = lambda d: d["kind"]  # noqa: E731
-    assert sorted(got, key=key) == sorted(want, key=key)
-    for doc in got:
-        for version in K8S_VERSIONS:
+    assert by_kind(render(helm, opts, tmp_path)) == by_kind(render_all(opts))
+
+
+def test_default_values_give_the_shipped_manifest(helm: Helm) -> None:
+    """`helm template` with no values at all == `vgpu-patch daemonset` == deploy/daemonset.yaml."""
+    shipped = [d for d in yaml.safe_load_all((CHART.parents[1] / "deploy" / "daemonset.yaml").read_text()) if d]
+    assert helm.template(CHART, "-n", "kube-system") == shipped == render_all(DaemonSetOptions())
+
+
+@pytest.mark.parametrize("version", K8S_VERSIONS)
+def test_each_case_renders_valid_objects_for_kubernetes(version: str, helm: Helm, tmp_path: Path) -> None:
+    """`helm template --kube-version V`: the same objects, each valid (strict) against V's schemas."""
+    for opts in CASES.values():
+        docs = render(helm, opts, tmp_path, "--kube-version", version)
+        assert by_kind(docs) == by_kind(render_all(opts))
+        for doc in docs:
             kv.validate(doc, version, strict=True)
 
 
-def test_default_values_give_the_shipped_manifest(tmp_path: Path) -> None:
-    """`helm template` with no values at all == `vgpu-patch daemonset` == deploy/daemonset.yaml."""
-    shipped = [d for d in yaml.safe_load_all((CHART.parents[1] / "deploy" / "daemonset.yaml").read_text()) if d]
-    assert chart_render({}, "kube-system", tmp_path) == shipped == render_all(DaemonSetOptions())
+def test_a_kubernetes_below_the_charts_floor_is_refused(helm: Helm) -> None:
+    out = helm.run("template", "vgpu-patch-agent", str(CHART), "--kube-version", "1.24.0")
+    assert out.returncode != 0
+    assert "requires kubeVersion: >=1.25.0-0" in out.stderr
 
 
-def test_system_priority_class_outside_kube_system_fails(tmp_path: Path) -> None:
-    values = {"priorityClassName": "system-node-critical"}
-    if shutil.which("helm"):
-        with pytest.raises(subprocess.CalledProcessError):
-            helm_render(values, "gpu-ops", tmp_path)
-    else:
-        with pytest.raises(gotemplate.TemplateFail, match="only in kube-system"):
-            mini_render(values, "gpu-ops")
-    assert "priorityClassName" not in mini_render({}, "gpu-ops")[-1]["spec"]["template"]["spec"]
+@pytest.mark.parametrize("case", ["chart-defaults", *CASES])
+def test_helm_lint_strict(case: str, helm: Helm, tmp_path: Path) -> None:
+    """`helm lint --strict` (warnings fail too) with the chart's own values and with each case's."""
+    args = [] if case == "chart-defaults" else ["-n", CASES[case].namespace, "-f", values_file(CASES[case], tmp_path)]
+    out = helm.check("lint", "--strict", str(CHART), *args)
+    assert "1 chart(s) linted, 0 chart(s) failed" in out
 
 
-def test_values_schema_accepts_the_defaults_and_refuses_bad_types() -> None:
+@pytest.mark.parametrize(("setting", "complaint"), [
+    ("metricsPort=notanumber", "at '/metricsPort': got string, want null or integer"),
+    ("metricsPort=70000", "at '/metricsPort'"),
+    ("interval=0.1", "at '/interval'"),
+    ("hostPID=yes", "at '/hostPID': got string, want boolean"),
+    ("maxUnavailable=many", "at '/maxUnavailable'"),
+    ("tolerations=all", "at '/tolerations'"),
+    ("nodeSelektor.gpu=on", "additional properties 'nodeSelektor' not allowed"),
+])
+def test_helm_enforces_the_values_schema(setting: str, complaint: str, helm: Helm) -> None:
+    """values.schema.json is checked by helm itself, before any template runs."""
+    out = helm.run("template", "vgpu-patch-agent", str(CHART), "--set", setting)
+    assert out.returncode != 0
+    assert "values don't meet the specifications of the schema" in out.stderr
+    assert complaint in out.stderr
+
+
+def test_values_schema_is_the_generated_one_and_takes_every_case() -> None:
     import jsonschema
 
     schema = json.loads((CHART / "values.schema.json").read_text())
     assert schema == values_schema()
-    jsonschema.validate(chart_values(), schema)
-    for case in CASES.values():
-        jsonschema.validate(chart_values(case), schema)
-    jsonschema.validate({**chart_values(), "maxUnavailable": 2, "cpuLimit": 1}, schema)  # as `helm --set` types them
-    for bad in ({"metricsPort": "9400"}, {"hostPID": "yes"}, {"tolerations": "all"}, {"nodeSelektor": {}},
-                {"maxUnavailable": "many"}):
-        with pytest.raises(jsonschema.ValidationError):
-            jsonschema.validate({**chart_values(), **bad}, schema)
+    for opts in [DaemonSetOptions(), *CASES.values()]:
+        jsonschema.validate(chart_values(opts), schema)
 
 
-def test_set_style_numbers_render_like_the_cli(tmp_path: Path) -> None:
-    """`helm --set maxUnavailable=2 --set interval=30` types them as numbers; the objects are the same."""
-    got = chart_render({"maxUnavailable": 2, "interval": 30}, "kube-system", tmp_path)[-1]
-    assert got == render_all(DaemonSetOptions(max_unavailable="2", interval=30.0))[-1]
+def test_system_priority_class_outside_kube_system_fails(helm: Helm) -> None:
+    """The chart `fail`s where the CLI gives a usage error; `auto` means none outside kube-system."""
+    out = helm.run("template", "vgpu-patch-agent", str(CHART), "-n", "gpu-ops",
+                   "--set", "priorityClassName=system-node-critical")
+    assert out.returncode != 0
+    assert "system-* priority classes only in kube-system" in out.stderr
+    assert "priorityClassName" not in pod_spec(helm.template(CHART, "-n", "gpu-ops"))
+    kube_system = pod_spec(helm.template(CHART, "-n", "kube-system", "--set", "priorityClassName=system-node-critical"))
+    assert kube_system["priorityClassName"] == "system-node-critical"
+
+
+def test_set_style_numbers_render_like_the_cli(helm: Helm) -> None:
+    """`helm --set` types 2, 30, 9500 and 1 as numbers; the objects are the CLI's for the same options."""
+    got = helm.template(CHART, "-n", "kube-system",
+                        "--set", "maxUnavailable=2,interval=30,metricsPort=9500,cpuLimit=1,memoryRequest=64")
+    want = render_all(DaemonSetOptions(max_unavailable="2", interval=30.0, metrics_port=9500, cpu_limit="1",
+                                       memory_request="64"))
+    assert got == want
+
+
+def test_a_node_selector_replaces_the_default_one(helm: Helm) -> None:
+    """helm merges a user's map into the chart's: values.yaml's null keeps gpu=on out of a user's selector."""
+    got = pod_spec(helm.template(CHART, "--set-string", r"nodeSelector.nvidia\.com/gpu\.present=true"))
+    assert got["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    assert pod_spec(helm.template(CHART, "--set", "nodeSelector=null"))["nodeSelector"] == {"gpu": "on"}
+    assert pod_spec(helm.template(CHART, "--set-json", "nodeSelector={}"))["nodeSelector"] == {}
