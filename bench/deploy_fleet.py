@@ -57,11 +57,17 @@ def inventory(servers, dirs: list[Path], path: Path) -> Path:  # type: ignore[no
     return path
 
 
+LAST: dict[str, dict] = {}  # the last --json document of each tool, to explain a failed check
+
+
 def check(dirs: list[Path], lib: Path, what: str) -> None:
     want = lib.read_bytes()
     bad = [d for d in dirs if (d / "libvgpu.so").read_bytes() != want]
     if bad:
-        raise SystemExit(f"bench: {what}: {len(bad)} node(s) do not have the new file, e.g. {bad[0]}")
+        doc = LAST.get(what, {})
+        nodes = [n for n in doc.get("nodes", []) if (n.get("result") or {}).get("path", "").startswith(f"{bad[0]}/")]
+        raise SystemExit(f"bench: {what}: {len(bad)} node(s) do not have the new file, e.g. {bad[0]} "
+                         f"(counts {doc.get('counts')}; its outcome {json.dumps(nodes)[:2000]})")
 
 
 def cli(inv: Path, kh: Path, lib: Path, parallel: int, sudo: bool) -> float:
@@ -71,9 +77,10 @@ def cli(inv: Path, kh: Path, lib: Path, parallel: int, sudo: bool) -> float:
     start = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     took = time.perf_counter() - start
+    doc = json.loads(proc.stdout) if proc.stdout.startswith("{") else {}
     if proc.returncode != 0:
-        doc = json.loads(proc.stdout) if proc.stdout.startswith("{") else {}
         raise SystemExit(f"bench: cli exit {proc.returncode}: {doc.get('counts')} {proc.stderr[-500:]}")
+    LAST["cli"] = doc
     return took
 
 

@@ -76,7 +76,7 @@ def plan_swap(
     else:
         what = f"the upload of {source} (0600)" if upload else source
         yield Step("upload" if upload else "stage", f"copy {what} beside the live file", S.STAGE)
-    yield Step("verify", f"verify sha256 {want_sha[:12]} of the copy on the node", S.VERIFY_SOURCE)
+    yield Step("verify", f"verify sha256 {want_sha[:12]} of the temp file on the node", S.VERIFY_SOURCE)
     yield Step("verify", "check it loads: LD_PRELOAD=<it> /bin/true", S.LOADS)
     if live is not None:
         if facts.backup(live.sha256) is None:
@@ -88,7 +88,8 @@ def plan_swap(
         yield Step("backup", "nothing live to back up (new install)", S.backup(manifest_printf))
     yield Step(
         "swap",
-        f"write a temp file beside {live_path}, fsync, rename over it, fsync {facts.target_dir}"
+        f"give the temp file the live file's mode and owner, fsync, rename it over {live_path}, fsync "
+        f"{facts.target_dir}"
         + ("" if live is not None else " (new install)"),
         S.SWAP,
     )
