@@ -44,10 +44,16 @@ def build(out: Path, version: int, size_kib: int) -> Path:
 
 
 def reset(dirs: list[Path], lib: Path) -> None:
+    """Every node back to just `lib`: a leftover (the xargs loop's `libvgpu.so.new` is a versioned library
+    name to the tool) would turn the next run into a no-op on that node."""
     for d in dirs:
-        shutil.rmtree(d, ignore_errors=True)
+        if d.exists():
+            shutil.rmtree(d)
         d.mkdir(parents=True)
         shutil.copyfile(lib, d / "libvgpu.so")
+        left = sorted(p.name for p in d.iterdir())
+        if left != ["libvgpu.so"]:
+            raise SystemExit(f"bench: reset of {d} left {left}")
 
 
 def inventory(servers, dirs: list[Path], path: Path) -> Path:  # type: ignore[no-untyped-def]
