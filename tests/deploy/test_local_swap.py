@@ -436,3 +436,16 @@ def test_one_session_runs_only_a_whole_script(node, libs) -> None:
     stream.send(b"a stray line (an unread sudo password, say)\n" + f"@@go {len(body)}\n".encode() + body)
     assert stream.finish().ok and marker.exists()
     assert (d / "libvgpu.so").read_bytes() == libs["vendor"].read_bytes()
+
+
+def test_a_backup_left_without_its_manifest_is_made_visible_again(node, libs) -> None:
+    """A crash between a backup's file and its manifest: the next swap of that file writes both again."""
+    t, d = node
+    assert deploy_file(t, libs["v1"], DIR, operator="a").changed
+    manifest = d / ".vgpu-patch" / "backups" / f"{sha(libs['v1'])}.json"
+    assert rollback(t, DIR, operator="a").changed  # v1 is backed up (file and manifest)
+    manifest.unlink()
+    assert sha(libs["v1"]) not in [b["sha256"] for b in node_status(t, DIR).backups]
+    assert deploy_file(t, libs["v1"], DIR, operator="a").changed and rollback(t, DIR, operator="a").changed
+    assert manifest.exists() and sha(libs["v1"]) in [b["sha256"] for b in node_status(t, DIR).backups]
+    assert leftovers(d) == []

@@ -1,15 +1,17 @@
-"""Human output: summary tables (rich; colours only on a terminal) for fleet results and status."""
+"""Human output: summary tables (rich; colours only on a terminal) for fleet results and status.
+
+rich is imported when a table is drawn: a `--json` run never pays for it.
+"""
 from __future__ import annotations
 
 import sys
 from typing import TYPE_CHECKING, cast
 
-from rich.console import Console
-from rich.table import Table
-
 from .fleet import FleetResult
 
 if TYPE_CHECKING:
+    from rich.console import Console
+
     from .swap import NodeStatus
 
 _STYLE = {"changed": "green", "unchanged": "cyan", "ok": "green", "pending": "yellow", "failed": "bold red",
@@ -17,6 +19,8 @@ _STYLE = {"changed": "green", "unchanged": "cyan", "ok": "green", "pending": "ye
 
 
 def _console(err: bool = False) -> Console:
+    from rich.console import Console
+
     stream = sys.stderr if err else sys.stdout
     return Console(file=stream, highlight=False, soft_wrap=True, width=None if stream.isatty() else 200)
 
@@ -26,6 +30,8 @@ def _short(sha: str | None) -> str:
 
 
 def swap_table(fleet: FleetResult, title: str) -> None:
+    from rich.table import Table
+
     table = Table(title=title, title_justify="left")
     for col in ("node", "result", "from", "to", "restart needed", "s", "detail"):
         table.add_column(col, overflow="fold")
@@ -56,6 +62,8 @@ def swap_table(fleet: FleetResult, title: str) -> None:
 
 
 def status_table(fleet: FleetResult) -> None:
+    from rich.table import Table
+
     table = Table(title="vgpu-patch status", title_justify="left")
     for col in ("node", "live file", "sha256", "build", "backups", "last change", "restart needed", "note"):
         table.add_column(col, overflow="fold")

@@ -116,13 +116,17 @@ SAFE_STATE = f"""[ -d "$D" ] || fail {WRITE} "$D is not a directory"
 if [ -L "$S" ] || {{ [ -e "$S" ] && [ ! -d "$S" ]; }}; then
   fail {UNSAFE} "$S is a symlink or not a directory: refusing to write through it; remove it (nothing changed)"
 fi
-[ -d "$S/backups" ] || mkdir -p "$S/backups" || fail {WRITE} "cannot create $S"
-if [ "$ME" = 0 ]; then
-  bad=$(find "$S" \\( -type l -o ! -user 0 -o -perm -002 -o \\( -type d -perm -020 \\) \\) -print 2>/dev/null)
-else
-  bad=$(find "$S" -type l -print 2>/dev/null)
+bad=""
+# a state dir this run creates itself (mkdir fails on an existing one) holds nothing to check
+if [ -e "$S" ] || ! mkdir "$S" "$S/backups" 2>/dev/null; then
+  [ -d "$S/backups" ] || mkdir -p "$S/backups" || fail {WRITE} "cannot create $S"
+  if [ "$ME" = 0 ]; then
+    bad=$(find "$S" \\( -type l -o ! -user 0 -o -perm -002 -o \\( -type d -perm -020 \\) \\) -print 2>/dev/null)
+  else
+    bad=$(find "$S" -type l -print 2>/dev/null)
+  fi
+  bad=${{bad%%"$NL"*}}  # the first one found
 fi
-bad=${{bad%%"$NL"*}}  # the first one found
 if [ -n "$bad" ]; then
   [ -L "$bad" ] && fail {UNSAFE} "$bad is a symlink inside $S: refusing to follow it; remove it (nothing changed)"
   m="$bad is not root's alone (owner $(stat -c %U "$bad"), mode $(stat -c %a "$bad")): refusing to use it as root;"
@@ -214,11 +218,13 @@ if [ -n "$BTMP" ]; then
   if ! whole_lib "$BTMP" "$SIZE"; then
     BK=""; FROMJ=null; REC=""
     printf '@@partial %s\\n' "$SIZE"
-  elif [ -f "$BK" ] && [ "$(hash_of "$BK")" = "$cur" ]; then
+  elif [ -f "$BK" ] && [ -f "$S/backups/$cur.json" ] && [ "$(hash_of "$BK")" = "$cur" ]; then
     :  # already kept; the copy is removed on exit
   else
-    {manifest_printf} > "$BTMP.json" || fail {WRITE} "writing the backup manifest failed (disk full?)"
-    mv -f "$BTMP" "$BK" && mv -f "$BTMP.json" "$S/backups/$cur.json" || fail {WRITE} "storing the backup failed"
+    # the manifest first: one short write, and a manifest without its file reads as "not present" (a
+    # file without one would be invisible); the next swap of this file rewrites both
+    {manifest_printf} > "$S/backups/$cur.json" || fail {WRITE} "writing the backup manifest failed (disk full?)"
+    mv -f "$BTMP" "$BK" || fail {WRITE} "storing the backup failed"
     NEWBK=1  # made durable with the new file, before the rename
   fi
 fi"""
@@ -242,7 +248,7 @@ sync "$TMP" ${{NEWBK:+"$BK"}} ${{NEWBK:+"$S/backups/$cur.json"}} "$S/backups" 2>
 out=$(mv -f "$TMP" "$LIVE" 2>&1) \\
   || fail {WRITE} "renaming $TMP over $LIVE failed ($out; EBUSY: $LIVE is a mount point, act on the host file)\""""
 
-REVERIFY = f"""got=$(hash_of "$LIVE")
+REVERIFY = f"""got=$(sha256sum < "$LIVE"); got=${{got%% *}}
 [ "$got" = "$WANT" ] || fail {VERIFY} "after the swap $LIVE has sha256 $got, expected $WANT\""""
 
 BYTE_COMPARE = (f"""if command -v cmp >/dev/null 2>&1; then cmp -s "$SRC" "$LIVE" """

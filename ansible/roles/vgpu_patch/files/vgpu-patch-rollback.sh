@@ -83,13 +83,17 @@ LIVEJ=$(printf '%s' "$LIVE" | sed 's/\\/\\\\/g; s/"/\\"/g'); LIVEJ="\"$LIVEJ\""
 if [ -L "$S" ] || { [ -e "$S" ] && [ ! -d "$S" ]; }; then
   fail 77 "$S is a symlink or not a directory: refusing to write through it; remove it (nothing changed)"
 fi
-[ -d "$S/backups" ] || mkdir -p "$S/backups" || fail 71 "cannot create $S"
-if [ "$ME" = 0 ]; then
-  bad=$(find "$S" \( -type l -o ! -user 0 -o -perm -002 -o \( -type d -perm -020 \) \) -print 2>/dev/null)
-else
-  bad=$(find "$S" -type l -print 2>/dev/null)
+bad=""
+# a state dir this run creates itself (mkdir fails on an existing one) holds nothing to check
+if [ -e "$S" ] || ! mkdir "$S" "$S/backups" 2>/dev/null; then
+  [ -d "$S/backups" ] || mkdir -p "$S/backups" || fail 71 "cannot create $S"
+  if [ "$ME" = 0 ]; then
+    bad=$(find "$S" \( -type l -o ! -user 0 -o -perm -002 -o \( -type d -perm -020 \) \) -print 2>/dev/null)
+  else
+    bad=$(find "$S" -type l -print 2>/dev/null)
+  fi
+  bad=${bad%%"$NL"*}  # the first one found
 fi
-bad=${bad%%"$NL"*}  # the first one found
 if [ -n "$bad" ]; then
   [ -L "$bad" ] && fail 77 "$bad is a symlink inside $S: refusing to follow it; remove it (nothing changed)"
   m="$bad is not root's alone (owner $(stat -c %U "$bad"), mode $(stat -c %a "$bad")): refusing to use it as root;"
@@ -188,11 +192,13 @@ if [ -n "$BTMP" ]; then
   if ! whole_lib "$BTMP" "$SIZE"; then
     BK=""; FROMJ=null; REC=""
     printf '@@partial %s\n' "$SIZE"
-  elif [ -f "$BK" ] && [ "$(hash_of "$BK")" = "$cur" ]; then
+  elif [ -f "$BK" ] && [ -f "$S/backups/$cur.json" ] && [ "$(hash_of "$BK")" = "$cur" ]; then
     :  # already kept; the copy is removed on exit
   else
-    printf '{"sha256": %s, "size": %s, "path": %s, "saved_at": %s, "operator": %s, "tool": %s}\n' "$CURJ" "$SIZE" "$LIVEJ" "$NOWJ" "$OPJ" "$TOOLJ" > "$BTMP.json" || fail 71 "writing the backup manifest failed (disk full?)"
-    mv -f "$BTMP" "$BK" && mv -f "$BTMP.json" "$S/backups/$cur.json" || fail 71 "storing the backup failed"
+    # the manifest first: one short write, and a manifest without its file reads as "not present" (a
+    # file without one would be invisible); the next swap of this file rewrites both
+    printf '{"sha256": %s, "size": %s, "path": %s, "saved_at": %s, "operator": %s, "tool": %s}\n' "$CURJ" "$SIZE" "$LIVEJ" "$NOWJ" "$OPJ" "$TOOLJ" > "$S/backups/$cur.json" || fail 71 "writing the backup manifest failed (disk full?)"
+    mv -f "$BTMP" "$BK" || fail 71 "storing the backup failed"
     NEWBK=1  # made durable with the new file, before the rename
   fi
 fi
@@ -213,7 +219,7 @@ fi
 sync "$TMP" ${NEWBK:+"$BK"} ${NEWBK:+"$S/backups/$cur.json"} "$S/backups" 2>/dev/null || sync
 out=$(mv -f "$TMP" "$LIVE" 2>&1) \
   || fail 71 "renaming $TMP over $LIVE failed ($out; EBUSY: $LIVE is a mount point, act on the host file)"
-got=$(hash_of "$LIVE")
+got=$(sha256sum < "$LIVE"); got=${got%% *}
 [ "$got" = "$WANT" ] || fail 68 "after the swap $LIVE has sha256 $got, expected $WANT"
 if command -v cmp >/dev/null 2>&1; then cmp -s "$SRC" "$LIVE" || fail 68 "$LIVE differs from $SRC byte for byte"; fi
 printf '{"time": %s, "action": %s, "path": %s, "from_sha256": %s, "to_sha256": %s, "operator": %s, "tool": %s}\n' "$NOWJ" "$ACTJ" "$LIVEJ" "$FROMJ" "$WANTJ" "$OPJ" "$TOOLJ" >> "$S/history.jsonl" \
