@@ -3,6 +3,7 @@
 # Parameters (set before this text): VGPU_DIR VGPU_ACTION (deploy|rollback) VGPU_WANT
 # VGPU_UP (a path, or -: base64 on stdin) VGPU_TO
 # VGPU_INSTALL (1: install where no library is) VGPU_OPERATOR_JSON VGPU_TOOL_JSON
+# VGPU_STALE (1: list the processes still mapping the library)
 D=$VGPU_DIR; S="$D/.vgpu-patch"; WANT=$VGPU_WANT; UP=$VGPU_UP; SRC=""; UPDIR=${UP%/*}; PROBED_ME=""
 NOW=$(date -u +%Y-%m-%dT%H:%M:%SZ); NOWJ="\"$NOW\""; OPJ=$VGPU_OPERATOR_JSON; TOOLJ=$VGPU_TOOL_JSON
 ACTJ="\"$VGPU_ACTION\""; BTMP=""; NEWBK=""; LOCKDIR=""; LT=""; TMP=""
@@ -181,7 +182,11 @@ for f in ${UPDIR:+"$UPDIR"/.vgpu-patch-upload-*}; do
   break
 done
 true
-printf '@@ok\t%s\t%s\t%s\n' "${REC:--}" "${BK:--}" "$(stat -c %i "$LIVE")"
-printf '\n@@vgpu maps\n'
-grep -s -H -F -e "$D/libvgpu.so" -e /usr/local/vgpu/libvgpu.so /proc/[0-9]*/maps | sort -u || true
+if [ "${VGPU_STALE:-0}" = 1 ]; then
+  printf '@@ok\t%s\t%s\t%s\n' "${REC:--}" "${BK:--}" "$(stat -c %i "$LIVE")"
+  printf '\n@@vgpu maps\n'
+  grep -s -H -F -e "$D/libvgpu.so" -e /usr/local/vgpu/libvgpu.so /proc/[0-9]*/maps | sort -u || true
+else
+  printf '@@ok\t%s\t%s\t-\n' "${REC:--}" "${BK:--}"
+fi
 exit 0
