@@ -33,3 +33,16 @@ def test_unknown_command_is_a_usage_error() -> None:
     assert proc.returncode == 2
     assert "No such command" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize(("argv", "code"), [(["--version"], 0), (["status", "--local", "/nonexistent", "--json"], 1),
+                                            (["deploy"], 2)])
+def test_the_program_exits_with_its_code_after_the_exit_handlers(argv: list[str], code: int) -> None:
+    """run() leaves without interpreter teardown, but the exit code, the output and atexit handlers stay."""
+    prog = ("import atexit, sys; atexit.register(lambda: print('handler ran', file=sys.stderr)); "
+            f"sys.argv = ['vgpu-patch', *{argv!r}]; from vgpu_patch.cli import run; run()")
+    proc = subprocess.run([sys.executable, "-c", prog], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == code, proc.stderr
+    assert proc.stderr.rstrip().endswith("handler ran")
+    if "--json" in argv:
+        assert proc.stdout.startswith("{") and proc.stdout.rstrip().endswith("}")
