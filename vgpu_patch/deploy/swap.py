@@ -201,8 +201,9 @@ def deploy_file(
     reading every process's maps on the node.
 
     `check=True` also runs `vgpu-patch check` on `source` against the live file (fetched once per
-    distinct vendor sha256) and refuses on a blocking problem. `should_stop` is asked before the upload
-    and before the swap: when it says yes, the node is left untouched (StopRequested).
+    distinct vendor sha256) and refuses on a blocking problem. `should_stop` is asked before anything is
+    sent (and, over SFTP, again between the upload and the swap): when it says yes, the node is left
+    untouched (StopRequested).
     """
     cand = inspect(source)
     node_dir = target_dir.rstrip("/") or "/"
