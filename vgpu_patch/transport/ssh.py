@@ -217,6 +217,12 @@ class SSHTransport(Transport):
             self._client = client
             return client
 
+    def _lost(self, doing: str, e: BaseException | None = None) -> ConnectionFailure:
+        """The link is gone: drop the client (the next use re-dials) and say what was cut off."""
+        self.close()
+        why = f" ({e})" if e is not None else ""
+        return ConnectionFailure(f"{self.name}: connection lost {doing}{why}; rerun")
+
     def close(self) -> None:
         with self._lock:
             if self._client is not None:
@@ -291,11 +297,9 @@ class SSHTransport(Transport):
         except socket.timeout as e:
             raise DeployError(f"{self.name}: command timed out after {timeout}s: {cmd.splitlines()[0][:80]}") from e
         except (OSError, paramiko.SSHException, EOFError) as e:
-            self.close()
-            raise ConnectionFailure(f"{self.name}: connection lost while running a command ({e}); rerun") from e
+            raise self._lost("while running a command", e) from e
         if code == -1:  # the session died without an exit status: sshd killed, network gone
-            self.close()
-            raise ConnectionFailure(f"{self.name}: connection lost while running a command; rerun")
+            raise self._lost("while running a command")
         stdout = out.decode(errors="replace")
         stderr = err.decode(errors="replace")
         if use_pty:
@@ -318,8 +322,7 @@ class SSHTransport(Transport):
             chan.settimeout(timeout)
             chan.exec_command(full)
         except (OSError, paramiko.SSHException, EOFError) as e:
-            self.close()
-            raise ConnectionFailure(f"{self.name}: connection lost while starting a command ({e}); rerun") from e
+            raise self._lost("while starting a command", e) from e
         err = bytearray()
 
         def recv(n: int) -> bytes:
@@ -331,15 +334,13 @@ class SSHTransport(Transport):
             except socket.timeout as e:
                 raise DeployError(f"{self.name}: the node did not answer within {timeout}s; rerun") from e
             except (OSError, paramiko.SSHException, EOFError) as e:
-                self.close()
-                raise ConnectionFailure(f"{self.name}: connection lost while running a command ({e}); rerun") from e
+                raise self._lost("while running a command", e) from e
 
         def send(data: bytes) -> None:
             try:
                 chan.sendall(data)
             except (OSError, paramiko.SSHException, EOFError) as e:
-                self.close()
-                raise ConnectionFailure(f"{self.name}: connection lost while sending to the node ({e}); rerun") from e
+                raise self._lost("while sending to the node", e) from e
 
         def close_input() -> None:
             with contextlib.suppress(OSError, paramiko.SSHException, EOFError):
@@ -354,12 +355,10 @@ class SSHTransport(Transport):
                     err.extend(data)
                 code = chan.recv_exit_status()
             except (OSError, paramiko.SSHException, EOFError) as e:
-                self.close()
-                raise ConnectionFailure(f"{self.name}: connection lost while running a command ({e}); rerun") from e
+                raise self._lost("while running a command", e) from e
             chan.close()
             if code == -1:  # the session died without an exit status: sshd killed, network gone
-                self.close()
-                raise ConnectionFailure(f"{self.name}: connection lost while running a command; rerun")
+                raise self._lost("while running a command")
             return code, err.decode(errors="replace")
 
         stream = Stream(self.name, recv=recv, send=send, close_input=close_input, wait=wait, wrapped=wrapped,
@@ -393,13 +392,10 @@ class SSHTransport(Transport):
             finally:
                 sftp.close()
         except (paramiko.SSHException, EOFError) as e:
-            self.close()
-            raise ConnectionFailure(f"{self.name}: connection lost during upload to {remote_path} ({e}); rerun") from e
+            raise self._lost(f"during upload to {remote_path}", e) from e
         except OSError as e:
             if not self._alive():
-                self.close()
-                raise ConnectionFailure(
-                    f"{self.name}: connection lost during upload to {remote_path} ({e}); rerun") from e
+                raise self._lost(f"during upload to {remote_path}", e) from e
             raise DeployError(
                 f"{self.name}: upload to {remote_path} failed ({e}); check free space and permissions") from e
 
@@ -427,6 +423,4 @@ class SSHTransport(Transport):
         except OSError as e:
             raise DeployError(f"{self.name}: download of {remote_path} failed ({e})") from e
         except (paramiko.SSHException, EOFError) as e:
-            self.close()
-            raise ConnectionFailure(
-                f"{self.name}: connection lost during download of {remote_path} ({e}); rerun") from e
+            raise self._lost(f"during download of {remote_path}", e) from e
