@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import textwrap
 from dataclasses import dataclass
 
 from .facts import LIB, STATE, maps_snippet
@@ -86,13 +87,13 @@ rmx() {{  # rm -f what of "$@" exists: no rm process at all on the common path
   [ $# -eq 0 ] || rm -f -- "$@"
 }}
 cleanup() {{
-  rmx ${{TMP:+"$TMP"}} ${{BTMP:+"$BTMP"}} ${{BTMP:+"$BTMP.json"}} ${{UP:+"$UP"}}
+  rmx ${{TMP:+"$TMP"}} ${{BTMP:+"$BTMP"}} ${{UP:+"$UP"}}
   [ -n "$LOCKDIR" ] && rmdir "$LOCKDIR"
   [ -n "$LT" ] && rm -rf "$LT"
 }}
 trap cleanup EXIT
 fail() {{ code=$1; shift; printf '@@err %s\\n' "$*"; exit "$code"; }}
-hash_of() {{ h=$(sha256sum < "$1") || return 1; printf '%s\\n' "${{h%% *}}"; }}
+hash_of() {{ HASH=$(sha256sum < "$1") || return 1; HASH=${{HASH%% *}}; }}  # into $HASH: one subshell, not two
 {WHOLE_LIB}
 ME=${{PROBED_ME:-$(id -u)}}"""
 
@@ -218,7 +219,7 @@ if [ -n "$BTMP" ]; then
   if ! whole_lib "$BTMP" "$SIZE"; then
     BK=""; FROMJ=null; REC=""
     printf '@@partial %s\\n' "$SIZE"
-  elif [ -f "$BK" ] && [ -f "$S/backups/$cur.json" ] && [ "$(hash_of "$BK")" = "$cur" ]; then
+  elif [ -f "$BK" ] && [ -f "$S/backups/$cur.json" ] && hash_of "$BK" && [ "$HASH" = "$cur" ]; then
     :  # already kept; the copy is removed on exit
   else
     # the manifest first: one short write, and a manifest without its file reads as "not present" (a
@@ -248,7 +249,7 @@ sync "$TMP" ${{NEWBK:+"$BK"}} ${{NEWBK:+"$S/backups/$cur.json"}} "$S/backups" 2>
 out=$(mv -f "$TMP" "$LIVE" 2>&1) \\
   || fail {WRITE} "renaming $TMP over $LIVE failed ($out; EBUSY: $LIVE is a mount point, act on the host file)\""""
 
-REVERIFY = f"""got=$(sha256sum < "$LIVE"); got=${{got%% *}}
+REVERIFY = f"""hash_of "$LIVE"; got=$HASH
 [ "$got" = "$WANT" ] || fail {VERIFY} "after the swap $LIVE has sha256 $got, expected $WANT\""""
 
 BYTE_COMPARE = (f"""if command -v cmp >/dev/null 2>&1; then cmp -s "$SRC" "$LIVE" """
@@ -268,13 +269,17 @@ done
 true"""
 
 
-def report(stale: bool) -> str:
+def _result(stale: bool) -> str:
     """The result line, then (`stale`) the live inode and every process mapping the library (one grep over
     all /proc maps)."""
     if not stale:
-        return """printf '@@ok\\t%s\\t%s\\t-\\n' "${REC:--}" "${BK:--}"\nexit 0"""
+        return """printf '@@ok\\t%s\\t%s\\t-\\n' "${REC:--}" "${BK:--}\""""
     head = """printf '@@ok\\t%s\\t%s\\t%s\\n' "${REC:--}" "${BK:--}" "$(stat -c %i "$LIVE")"\n"""
-    return head + f"printf '\\n@@vgpu maps\\n'\n{maps_snippet()}\nexit 0"
+    return head + f"printf '\\n@@vgpu maps\\n'\n{maps_snippet()}"
+
+
+def report(stale: bool) -> str:
+    return _result(stale) + "\nexit 0"
 
 
 def script(fragments: list[str]) -> str:
@@ -383,18 +388,16 @@ LIVEJ=$(printf '%s' "$LIVE" | sed 's/\\\\/\\\\\\\\/g; s/"/\\\\"/g'); LIVEJ="\\"$
 
 def _report_if_asked() -> str:
     """The role's report: the stale scan only with VGPU_STALE=1 (vgpu_patch_report_mappers), like --stale-pids."""
-    indent = lambda text: "\n".join("  " + ln for ln in text.splitlines())  # noqa: E731
-    quiet, full = report(stale=False).rsplit("\n", 1)[0], report(stale=True).rsplit("\n", 1)[0]
     return f"""if [ "${{VGPU_STALE:-0}}" = 1 ]; then
-{indent(full)}
+{textwrap.indent(_result(stale=True), "  ")}
 else
-{indent(quiet)}
+{textwrap.indent(_result(stale=False), "  ")}
 fi
 exit 0"""
 
 
 def _pick_fragment() -> str:
-    return f"""cur=""; [ -e "$LIVE" ] && cur=$(hash_of "$LIVE")
+    return f"""cur=""; [ -e "$LIVE" ] && hash_of "$LIVE" && cur=$HASH
 case "$VGPU_TO" in
   ""|previous|vendor)
     command -v python3 >/dev/null 2>&1 || fail {WRITE} "python3 is needed on the node to read the rollback stack"

@@ -19,13 +19,13 @@ rmx() {  # rm -f what of "$@" exists: no rm process at all on the common path
   [ $# -eq 0 ] || rm -f -- "$@"
 }
 cleanup() {
-  rmx ${TMP:+"$TMP"} ${BTMP:+"$BTMP"} ${BTMP:+"$BTMP.json"} ${UP:+"$UP"}
+  rmx ${TMP:+"$TMP"} ${BTMP:+"$BTMP"} ${UP:+"$UP"}
   [ -n "$LOCKDIR" ] && rmdir "$LOCKDIR"
   [ -n "$LT" ] && rm -rf "$LT"
 }
 trap cleanup EXIT
 fail() { code=$1; shift; printf '@@err %s\n' "$*"; exit "$code"; }
-hash_of() { h=$(sha256sum < "$1") || return 1; printf '%s\n' "${h%% *}"; }
+hash_of() { HASH=$(sha256sum < "$1") || return 1; HASH=${HASH%% *}; }  # into $HASH: one subshell, not two
 whole_lib() {
   [ "$2" -gt 64 ] || return 1
   command -v od >/dev/null 2>&1 || return 0  # no od: a non-empty file counts as whole
@@ -143,7 +143,7 @@ if [ -n "$BTMP" ]; then
   if ! whole_lib "$BTMP" "$SIZE"; then
     BK=""; FROMJ=null; REC=""
     printf '@@partial %s\n' "$SIZE"
-  elif [ -f "$BK" ] && [ -f "$S/backups/$cur.json" ] && [ "$(hash_of "$BK")" = "$cur" ]; then
+  elif [ -f "$BK" ] && [ -f "$S/backups/$cur.json" ] && hash_of "$BK" && [ "$HASH" = "$cur" ]; then
     :  # already kept; the copy is removed on exit
   else
     # the manifest first: one short write, and a manifest without its file reads as "not present" (a
@@ -170,7 +170,7 @@ fi
 sync "$TMP" ${NEWBK:+"$BK"} ${NEWBK:+"$S/backups/$cur.json"} "$S/backups" 2>/dev/null || sync
 out=$(mv -f "$TMP" "$LIVE" 2>&1) \
   || fail 71 "renaming $TMP over $LIVE failed ($out; EBUSY: $LIVE is a mount point, act on the host file)"
-got=$(sha256sum < "$LIVE"); got=${got%% *}
+hash_of "$LIVE"; got=$HASH
 [ "$got" = "$WANT" ] || fail 68 "after the swap $LIVE has sha256 $got, expected $WANT"
 printf '{"time": %s, "action": %s, "path": %s, "from_sha256": %s, "to_sha256": %s, "operator": %s, "tool": %s}\n' "$NOWJ" "$ACTJ" "$LIVEJ" "$FROMJ" "$WANTJ" "$OPJ" "$TOOLJ" >> "$S/history.jsonl" \
   || fail 71 "the swap is done but appending to $S/history.jsonl failed (disk full?)"
