@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests" / "region"))
 sys.path.insert(0, str(ROOT))
 
-from regiontools import C_SRC, CFLAGS, REGION_SOURCES
+from regiontools import C_SRC, CFLAGS, LIMITER_SOURCES, REGION_SOURCES
 
 from vgpu_patch.build import build_shim, header_dir
 
@@ -37,7 +37,7 @@ def clean_env(**extra: str) -> dict[str, str]:
 
 def sim_rows(tmp: Path, kernel_us: int, count: int) -> None:
     exe = tmp / "limiter_sim"
-    srcs = [C_SRC / "tests" / "limiter" / "limiter_sim.c", C_SRC / "limiter" / "limiter.c", *REGION_SOURCES]
+    srcs = [C_SRC / "tests" / "limiter" / "limiter_sim.c", *LIMITER_SOURCES, *REGION_SOURCES]
     subprocess.run([shutil.which("gcc") or "cc", *CFLAGS, f"-I{header_dir()}", *map(str, srcs), "-o", str(exe),
                     "-lpthread"], check=True)
     print(f"simulated GPU, {count} kernels of {kernel_us} us; throughput vs no limit")

@@ -103,6 +103,8 @@ class Region:
     priority: int
     last_kernel_time: int
     procs: list[ProcSlot] = field(default_factory=list)  # procs[0..proc_num), free slots included
+    # per device: GPU ns the container may still use (negative: in debt); None: no ledger kept
+    sm_budget_ns: list[int | None] = field(default_factory=lambda: [None] * MAX_DEVICES)
 
     def used(self, dev: int) -> int:
         """Bytes in use on device `dev`, summed exactly as the monitor does (skips status 0)."""
@@ -120,7 +122,7 @@ class Region:
             "sm_init_flag": self.sm_init_flag,
             "devices": [
                 {"index": d, "uuid": self.uuids[d], "limit": self.limit[d], "used": self.used(d),
-                 "sm_limit": self.sm_limit[d]}
+                 "sm_limit": self.sm_limit[d], "sm_budget_ns": self.sm_budget_ns[d]}
                 for d in range(n)
             ],
             "proc_num": self.proc_num,
@@ -143,6 +145,17 @@ def _get(buf: bytes, base: int, fmt: str) -> Any:
 def _rf(buf: bytes, name: str) -> Any:
     off, fmt = REGION_FIELDS[name]
     return _get(buf, off, fmt)
+
+
+# The container's compute ledger (c_src/region/layout.h): the SM budget every process of the
+# container draws from, kept in the last slot's used[] entries, which the monitor never reads.
+LEDGER_SLOT = MAX_PROCS - 1
+LEDGER_CHECK = 0x7667707573686172  # "vgpushar", xor the device index
+
+
+def ledger_offset(dev: int) -> int:
+    """Offset of device `dev`'s ledger entry: check word, tokens (int64 ns), refill time (int64 ns)."""
+    return slot_offset(LEDGER_SLOT) + SLOT_FIELDS["used"][0] + dev * MEMORY_SIZE
 
 
 def slot_offset(i: int) -> int:
@@ -198,7 +211,13 @@ def decode(buf: bytes, path: str = "<bytes>") -> Region:
         priority=_rf(buf, "priority"),
         last_kernel_time=_rf(buf, "last_kernel_time"),
         procs=[_decode_slot(buf, i) for i in range(n)],
+        sm_budget_ns=[_ledger_tokens(buf, d) for d in range(MAX_DEVICES)],
     )
+
+
+def _ledger_tokens(buf: bytes, dev: int) -> int | None:
+    check, tokens = struct.unpack_from("<Qq", buf, ledger_offset(dev))
+    return tokens if check == LEDGER_CHECK ^ dev else None
 
 
 def read_region(path: str | Path) -> Region:

@@ -85,7 +85,7 @@ VGPU_HIDDEN uint64_t vgpu_budget_limit(int dev)
     if (!in_range(dev))
         return 0;
     r = region();
-    /* issue-11: the stricter of region and env (a foreign region's 0 never lifts an env limit) */
+    /* limits/ decides (vgpu_limit_in_force): a foreign region's 0 never lifts an env limit */
     return r ? vgpu_region_limit(dev) : vgpu_limits_env(dev);
 }
 

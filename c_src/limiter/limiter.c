@@ -1,36 +1,50 @@
-/* === LIMITER: the SM (compute) limiter, CUDA_DEVICE_SM_LIMIT[_<i>] percent of GPU time, and the
- * monitor's launch signals.
+/* === LIMITER: the SM (compute) limiter, CUDA_DEVICE_SM_LIMIT[_<i>] percent of GPU time for the
+ * whole container, and the monitor's launch signals.
  *
  * Every kernel, cooperative, Ex and graph launch passes through vgpu_limiter_before_launch(). No
- * thread. Without a region and without an SM limit it returns at once; with a region it does the
- * monitor's part (below, no driver call); with an SM limit it throttles:
+ * thread. Every process that launches marks itself busy on the node's activity board (board.c);
+ * with a region it does the monitor's part (below, no driver call); with an SM limit it throttles:
  *
- * 1. Measure, by sampling. One launch in SAMPLE (and every launch until the first measurement) is
- *    bracketed by two events on its stream (before_launch / after_launch); their elapsed GPU time
- *    is what that launch occupied the stream: its start is when the work queued before it finished
- *    (or when it was launched, on an idle stream), its end when it finished. CPU time between
- *    launches and idle gaps are never charged. The measured launches keep a running estimate of
- *    one launch's GPU time per launch kind (kernel, graph); every other launch is charged that
- *    estimate when it is made, with no driver call at all.
- * 2. Budget. A token bucket per device fills at pct% of wall time (capped at BURST_NS) and is
- *    drained by the charges; measured pairs are harvested at most every HARVEST_NS.
- * 3. Throttle. In debt, the launching thread sleeps until the bucket is back at zero, holding
- *    the device's launch lock so that other launching threads wait too (the debt is paid once). The
- *    ring of RING event pairs bounds how far the CPU may run ahead of the GPU while measuring.
- * Driver calls per throttled launch, on average: (SAMPLE-1)/SAMPLE launches make none (one
+ * 1. Measure, by sampling. One launch in SAMPLE (one in SAMPLE_SHARED while other contexts are
+ *    busy on the GPU, and every launch until the first measurement) is bracketed by two events
+ *    on its stream; their elapsed GPU time E is how long that launch held the stream.
+ * 2. Charge our own share of E. Without MPS the GPU time-slices between contexts: a kernel longer
+ *    than a slice is stretched by every other busy context (on an H200, E = 2.18 ms alone, 4.63 ms
+ *    beside one busy context, 6.90 ms beside two), while short ones take turns between slices and
+ *    are not (29 us alone or not). With k = 1 + the other processes busy on the board when the
+ *    launch was made and when it was harvested (half each, at most MAX_K), a measured launch of
+ *    some kernel (function and launch shape) or graph is charged
+ *        E                       alone (exact, as before);
+ *        max(E / k, min(E, A))   when E / k >= STRETCH_NS (long: stretched), A being its E when
+ *                                last measured alone (0 if never): a neighbour's mark that outlived
+ *                                its work does not make an unstretched launch cheap;
+ *        max(E / k, min(E, L))   otherwise, L being its least E seen: a short launch beside busy
+ *                                neighbours, which take turns with it, is charged E.
+ *    It is never below E / k, whatever the board says.
+ *    Unmeasured launches are charged a running estimate of one launch's charge per kind (kernel,
+ *    graph), with no driver call at all.
+ * 3. Budget. One token bucket per container and device (bucket.c, in the region: every process of
+ *    the container draws from it) fills at pct% of wall time, capped at BURST_NS.
+ * 4. Throttle. In debt, the launching thread sleeps until the bucket is back at zero (give or take
+ *    a quarter, so that a container's processes do not wake in lockstep), holding its process's
+ *    launch lock so that its other launching threads wait too. The ring of RING event pairs bounds
+ *    how far the CPU may run ahead of the GPU while measuring.
+ * Driver calls per throttled launch, on average, alone: (SAMPLE-1)/SAMPLE launches make none (one
  * cuCtxGetDevice when the process sees more than one device); a sampled one makes
  * cuStreamIsCapturing, cuCtxGetCurrent, two cuEventRecord, and at harvest cuEventQuery and
- * cuEventElapsedTime: 6/SAMPLE = 0.75 per launch (bench/limiter_launch.py counts them).
+ * cuEventElapsedTime: 6/SAMPLE = 0.19 per launch (bench/limiter_launch.py counts them).
  *
- * Over any few hundred milliseconds the process gets pct% of the device's time, so a
- * compute-bound loop runs at pct% of its unthrottled throughput (tests/region/test_limiter.py
- * over a simulated GPU, tests/gpu/test_region_gpu.py on a real one). Launches on concurrent
- * streams are each charged in full (conservative).
+ * Over any few hundred milliseconds the container gets pct% of the device's time, so a
+ * compute-bound loop runs at pct% of its unthrottled throughput, split among its processes
+ * (tests/region/test_limiter.py and test_sm_share.py over a simulated time-slicing GPU,
+ * tests/gpu/test_sm_share_gpu.py on a real one). Launches on concurrent streams are each charged
+ * in full (conservative).
  *
  * Policy: GPU_CORE_UTILIZATION_POLICY=force always throttles, =disable never; otherwise we follow
  * the monitor's utilization_switch in the region (it lifts throttling when the GPU is not
- * contended). The stricter of the region's sm_limit and this process's env applies (a region's
- * 0 or 100 means none).
+ * contended). The percent in force is limits/'s rule (vgpu_region_sm_limit): the stricter of the
+ * region's and this process's env, so a process that lost the container's environment still
+ * holds the region's limit.
  *
  * The monitor's signals (whenever a region is attached, with or without an SM limit):
  * - recent_kernel < 0 means "hold back" (HAMi's monitor writes -1 into a lower-priority task's
@@ -41,52 +55,66 @@
  * - last_kernel_time (seconds) is written on launches at most once a second (and at creation,
  *   region/shm.c), and recent_kernel is marked RECENT_KERNEL_MARK unless the monitor made it
  *   negative, which we never overwrite.
- * We report the measured share of GPU time in our slot's device_util[dev].sm_util. */
+ * We report our share of GPU time (what we charged) in our slot's device_util[dev].sm_util. */
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 #include <time.h>
 
+#include "limiter/board.h"
+#include "limiter/bucket.h"
 #include "limiter/limiter.h"
 #include "limiter/limiter_int.h"
+#include "limits/limits.h"
 #include "log/log.h"
 #include "region/region.h"
 
 #define RING 64
 #define SAMPLE 32                /* one launch in SAMPLE is measured (a power of two) */
+#define SAMPLE_SHARED 4          /* ... while other contexts are busy: S is found sooner */
 #define HARVEST_NS 2000000ll     /* 2 ms between harvests */
 #define BURST_NS 20000000ll      /* at most 20 ms of GPU time banked */
 #define MAX_SLEEP_NS 500000000ll /* one sleep never exceeds 0.5 s (the debt carries over) */
 #define MAX_HOLD_NS 30000000000ll
 #define RECENT_KERNEL_MARK 2 /* "launched recently", for the monitor */
+#define MAX_K 8              /* a board claiming more busy contexts is not believed beyond this */
+#define STRETCH_NS 500000ll /* a launch whose share is this long spans the GPU's time slices */
+#define SOLO 256             /* kernels remembered per device (direct-mapped by their shape) */
 
 VGPU_HIDDEN int vgpu_limiter_enabled = 0;
 
 struct pair {
     CUevent start, end;
-    int done;  /* end recorded: the pair can be harvested once `end` completes */
-    int graph; /* which estimate it feeds */
+    int done;   /* end recorded: the pair can be harvested once `end` completes */
+    int graph;  /* which estimate it feeds */
+    int others; /* other busy contexts on the board at launch */
+    uint64_t sig;
 };
 
 struct dev_state {
     pthread_mutex_t throttle_mu; /* launching threads of this device, one at a time when in debt */
-    pthread_mutex_t mu;          /* the ring and the bucket's refill */
+    pthread_mutex_t mu;          /* the ring, the solo table, the harvest */
     CUcontext ctx;               /* the context our events belong to */
     struct pair ring[RING];
     int ready;           /* events created */
     unsigned head, tail; /* pairs in flight are [tail, head) */
-    long long tokens_ns; /* atomic: drained lock-free by estimated launches */
-    long long last_refill_ns;
+    int others;          /* atomic: other busy contexts at the last harvest */
     long long next_harvest_ns; /* atomic read on the fast path */
     long long charged_ns;      /* atomic: GPU time charged since the last utilisation report */
     long long window_start_ns;
-    long long est_ns[2]; /* atomic: one launch's GPU time, kernel / graph; < 0 = not measured yet */
+    long long est_ns[2]; /* atomic: one launch's charge, kernel / graph; < 0 = not measured yet */
+    long long held_ns;   /* atomic: one launch's E, as measured (stretch included) */
+    long long queue_end; /* atomic: when the work we queued should be done (for the board) */
+    struct {
+        uint64_t sig;
+        long long least; /* the least E seen */
+        long long alone; /* E when last measured alone, -1 never */
+    } solo[SOLO]; /* per launch shape (mu) */
 };
 
 static struct dev_state dev_state[VGPU_MAX_DEVICES];
-static int env_percent[VGPU_MAX_DEVICES];
-static int throttles; /* some env SM limit and a policy that may throttle */
+static int env_any; /* some env SM limit */
 static int policy;
 static vgpu_limiter_ops_t ops;
 static int ops_state; /* 0 unknown, 1 loaded, -1 missing */
@@ -123,19 +151,16 @@ VGPU_HIDDEN void vgpu_limiter_load_env(void)
         policy = VGPU_POLICY_FORCE;
     else if (pol && !strcasecmp(pol, "disable"))
         policy = VGPU_POLICY_DISABLE;
-    for (d = 0; d < VGPU_MAX_DEVICES; d++) {
-        env_percent[d] = (int)vgpu_env_sm_limit(d);
-        any |= env_percent[d] > 0;
-    }
-    throttles = any && policy != VGPU_POLICY_DISABLE;
-    /* the hook also serves the monitor's signals, so it is always on; without a region and an SM
-     * limit it costs one call and two loads per launch */
+    for (d = 0; d < VGPU_MAX_DEVICES; d++)
+        any |= vgpu_limits_env_sm(d) > 0;
+    env_any = any;
+    /* the hook also serves the monitor's signals and the activity board, so it is always on */
     __atomic_store_n(&vgpu_limiter_enabled, 1, __ATOMIC_RELAXED);
 }
 
 VGPU_HIDDEN int vgpu_limiter_throttles(void)
 {
-    return throttles;
+    return env_any && policy != VGPU_POLICY_DISABLE;
 }
 
 __attribute__((constructor)) static void limiter_ctor(void)
@@ -143,22 +168,31 @@ __attribute__((constructor)) static void limiter_ctor(void)
     vgpu_limiter_load_env(); /* env only: no driver, no thread */
 }
 
-/* the stricter of the region's percent (0 or >= 100: none) and the env's */
-static long long percent_in(const vgpu_region_t *r, int dev)
+/* some SM limit may apply: this process's env, or its region's (a process started with a
+ * scrubbed environment still holds the container's limit) */
+static int may_throttle(const vgpu_region_t *r)
 {
-    uint64_t v = r ? __atomic_load_n(&r->sm_limit[dev], __ATOMIC_RELAXED) : 0;
-    long long reg = v >= 100 ? 0 : (long long)v, env = env_percent[dev];
-    return (!reg || (env && env < reg)) ? env : reg;
+    int d;
+
+    if (policy == VGPU_POLICY_DISABLE)
+        return 0;
+    if (env_any)
+        return 1;
+    if (r)
+        for (d = 0; d < VGPU_MAX_DEVICES; d++)
+            if (vgpu_sm_norm(__atomic_load_n(&r->sm_limit[d], __ATOMIC_RELAXED)))
+                return 1;
+    return 0;
 }
 
 static int percent_of(const vgpu_region_t *r, int dev)
 {
-    long long pct;
+    uint64_t pct;
 
     if (dev < 0 || dev >= VGPU_MAX_DEVICES || policy == VGPU_POLICY_DISABLE)
         return 0;
-    pct = percent_in(r, dev);
-    if (pct <= 0 || pct >= 100)
+    pct = vgpu_region_sm_limit(dev); /* limits/ decides: region and env, the stricter */
+    if (!pct)
         return 0;
     if (policy == VGPU_POLICY_DEFAULT && r && !__atomic_load_n(&r->utilization_switch, __ATOMIC_RELAXED))
         return 0; /* the monitor says the device is not contended */
@@ -186,9 +220,9 @@ static int load_ops(void)
     if (s)
         return s > 0;
     s = vgpu_limiter_ops_load(&ops) == 0 ? 1 : -1;
-    if (s < 0)
+    if (s < 0 && vgpu_limiter_throttles())
         VGPU_WARN("SM limit set but the driver lacks the event entry points; launches are not throttled");
-    else
+    else if (s > 0)
         one_device = ops.device_count(&n) == CUDA_SUCCESS && n == 1;
     __atomic_store_n(&ops_state, s, __ATOMIC_RELEASE);
     return s > 0;
@@ -250,6 +284,17 @@ static void signals(vgpu_region_t *r)
     stamp_launch(r);
 }
 
+/* ---- the activity board ---- */
+
+static void board_join(int dev)
+{
+    char key[VGPU_UUID_LEN];
+
+    if (ops.device_key(dev, key, sizeof key) != 0)
+        key[0] = 0; /* no UUID: no board (a file named by ordinal would mix up GPUs across containers) */
+    vgpu_board_join(dev, key);
+}
+
 /* ---- measuring ---- */
 
 /* events live in one context; a launch on another context's stream is not measured */
@@ -268,31 +313,55 @@ static int ensure_events(struct dev_state *st)
             return 0; /* the ones created are kept for the next try */
     st->ctx = cur;
     st->ready = 1;
-    st->last_refill_ns = st->window_start_ns = now_ns();
-    __atomic_store_n(&st->tokens_ns, BURST_NS, __ATOMIC_RELAXED);
+    st->window_start_ns = now_ns();
     return 1;
 }
 
-/* mu held */
-static void refill(struct dev_state *st, int pct, long long now)
+static void charge(struct dev_state *st, vgpu_ledger_t *b, long long ns)
 {
-    long long add = (now - st->last_refill_ns) * pct / 100, cur;
-
-    st->last_refill_ns = now;
-    cur = __atomic_add_fetch(&st->tokens_ns, add, __ATOMIC_RELAXED);
-    while (cur > BURST_NS && !__atomic_compare_exchange_n(&st->tokens_ns, &cur, BURST_NS, 1, __ATOMIC_RELAXED,
-                                                          __ATOMIC_RELAXED))
-        ;
-}
-
-static void charge(struct dev_state *st, long long ns)
-{
-    __atomic_fetch_sub(&st->tokens_ns, ns, __ATOMIC_RELAXED);
+    vgpu_bucket_charge(b, ns);
     __atomic_fetch_add(&st->charged_ns, ns, __ATOMIC_RELAXED);
 }
 
+static unsigned solo_slot(uint64_t sig)
+{
+    sig ^= sig >> 29;
+    sig *= 0xbf58476d1ce4e5b9ull;
+    return (unsigned)(sig >> 40) & (SOLO - 1);
+}
+
+/* mu held: our own share of a measured launch that held its stream for e ns (see the top); the
+ * other busy contexts are counted when it was launched and when it is harvested, half each */
+static long long own_share(struct dev_state *st, const struct pair *p, long long e)
+{
+    unsigned i = solo_slot(p->sig);
+    long long least = -1, alone = -1, twice_k, share, floor;
+    int others = vgpu_board_others(st - dev_state);
+
+    if (st->solo[i].sig == p->sig) {
+        least = st->solo[i].least;
+        alone = st->solo[i].alone;
+    } else {
+        st->solo[i].sig = p->sig;
+        st->solo[i].alone = -1;
+    }
+    if (least < 0 || e < least)
+        st->solo[i].least = least = e;
+    if (!p->others && !others) {
+        st->solo[i].alone = e; /* alone the whole time: E is the truth */
+        return e;
+    }
+    twice_k = 2 + (p->others < MAX_K - 1 ? p->others : MAX_K - 1) + (others < MAX_K - 1 ? others : MAX_K - 1);
+    share = e * 2 / twice_k;
+    if (share >= STRETCH_NS) /* long enough to span time slices: stretched by every busy context */
+        floor = alone < 0 ? 0 : e < alone ? e : alone;
+    else /* short: takes turns with the others; E is its own unless it is an outlier */
+        floor = e < least ? e : least;
+    return share > floor ? share : floor;
+}
+
 /* mu held: charge every measured launch whose end event has completed, oldest first */
-static void harvest(struct dev_state *st)
+static void harvest(struct dev_state *st, vgpu_ledger_t *b)
 {
     while (st->tail != st->head) {
         struct pair *p = &st->ring[st->tail % RING];
@@ -304,7 +373,10 @@ static void harvest(struct dev_state *st)
         if (ops.event_elapsed(&ms, p->start, p->end) != CUDA_SUCCESS || ms < 0)
             ms = 0;
         ns = (long long)((double)ms * 1e6);
-        charge(st, ns);
+        est = __atomic_load_n(&st->held_ns, __ATOMIC_RELAXED);
+        __atomic_store_n(&st->held_ns, est <= 0 ? ns : est + (ns - est) / 4, __ATOMIC_RELAXED);
+        ns = own_share(st, p, ns);
+        charge(st, b, ns);
         est = __atomic_load_n(&st->est_ns[p->graph], __ATOMIC_RELAXED);
         __atomic_store_n(&st->est_ns[p->graph], est < 0 ? ns : est + (ns - est) / 4, __ATOMIC_RELAXED);
         p->done = 0;
@@ -328,31 +400,43 @@ static void report_util(struct dev_state *st, int dev, long long now)
     st->window_start_ns = now;
 }
 
+static unsigned next_rand(void)
+{
+    unsigned x = rng ? rng : (unsigned)(uintptr_t)&rng ^ 0x9e3779b9u;
+    x ^= x << 13;
+    x ^= x >> 17;
+    x ^= x << 5;
+    return rng = x ? x : 1;
+}
+
 /* mu held: bring the bucket up to date; returns how long to sleep to pay the debt (0: none) */
-static long long account(struct dev_state *st, int dev, int pct)
+static long long account(struct dev_state *st, vgpu_ledger_t *b, int dev, int pct)
 {
     long long now = now_ns(), debt, tokens;
 
-    refill(st, pct, now);
-    harvest(st);
+    vgpu_bucket_refill(b, dev, pct, now, BURST_NS);
+    harvest(st, b);
     report_util(st, dev, now);
+    __atomic_store_n(&st->others, vgpu_board_others(dev), __ATOMIC_RELAXED);
     __atomic_store_n(&st->next_harvest_ns, now + HARVEST_NS, __ATOMIC_RELAXED);
-    tokens = __atomic_load_n(&st->tokens_ns, __ATOMIC_RELAXED);
+    tokens = vgpu_bucket_tokens(b);
     if (tokens >= 0)
         return 0;
     debt = -tokens * 100 / pct; /* wall time that refills the bucket to zero */
+    debt += debt * (long long)(next_rand() % 512u) / 1024 - debt / 4; /* 0.75x .. 1.25x */
     return debt > MAX_SLEEP_NS ? MAX_SLEEP_NS : debt;
 }
 
 /* throttle_mu held: pay any debt; when `measure`, open an event pair on the stream */
-static void do_before(struct dev_state *st, int dev, int pct, CUstream stream, int measure, int graph)
+static void do_before(struct dev_state *st, vgpu_ledger_t *b, int dev, int pct, CUstream stream, int measure,
+                      int graph, uint64_t sig)
 {
     long long debt;
     CUevent wait_for = 0;
     struct pair *p;
 
     pthread_mutex_lock(&st->mu);
-    debt = account(st, dev, pct);
+    debt = account(st, b, dev, pct);
     if (measure && st->head - st->tail == RING) { /* CPU too far ahead: wait for the oldest launch */
         p = &st->ring[st->tail % RING];
         if (p->done)
@@ -369,14 +453,16 @@ static void do_before(struct dev_state *st, int dev, int pct, CUstream stream, i
         return;
     pthread_mutex_lock(&st->mu);
     if (wait_for || debt) {
-        refill(st, pct, now_ns());
-        harvest(st);
+        vgpu_bucket_refill(b, dev, pct, now_ns(), BURST_NS);
+        harvest(st, b);
     }
     if (measure && st->head - st->tail < RING) {
         p = &st->ring[st->head % RING];
         if (ops.event_record(p->start, stream) == CUDA_SUCCESS) { /* else another context's stream */
             p->done = 0;
             p->graph = graph;
+            p->sig = sig;
+            p->others = vgpu_board_others(dev);
             open_dev = dev;
             open_slot = st->head++;
         }
@@ -384,42 +470,41 @@ static void do_before(struct dev_state *st, int dev, int pct, CUstream stream, i
     pthread_mutex_unlock(&st->mu);
 }
 
-static unsigned next_rand(void)
-{
-    unsigned x = rng ? rng : (unsigned)(uintptr_t)&rng ^ 0x9e3779b9u;
-    x ^= x << 13;
-    x ^= x >> 17;
-    x ^= x << 5;
-    return rng = x ? x : 1;
-}
-
 static int states_ready;
 
-static void throttle(const vgpu_region_t *r, CUstream stream, int graph)
+/* one more launch queued: on the board, we are busy until the queue should have drained */
+static void queued(struct dev_state *st, int dev)
 {
-    CUdevice dev = 0;
+    long long now = now_ns(), end = __atomic_load_n(&st->queue_end, __ATOMIC_RELAXED);
+
+    end = (end > now ? end : now) + __atomic_load_n(&st->held_ns, __ATOMIC_RELAXED);
+    __atomic_store_n(&st->queue_end, end, __ATOMIC_RELAXED);
+    vgpu_board_until(dev, end);
+}
+
+static void throttle(CUstream stream, int dev, int pct, int graph, uint64_t sig)
+{
     CUstreamCaptureStatus cap = CU_STREAM_CAPTURE_STATUS_NONE;
     struct dev_state *st;
+    vgpu_ledger_t *b;
     long long est;
-    int pct, measure;
+    int measure;
+    unsigned rate;
 
-    if (!load_ops() || (!one_device && (ops.ctx_get_device(&dev) != CUDA_SUCCESS || dev < 0 ||
-                                        dev >= VGPU_MAX_DEVICES)))
-        return;
-    pct = percent_of(r, dev);
-    if (!pct)
-        return;
     if (VGPU_UNLIKELY(!__atomic_load_n(&states_ready, __ATOMIC_ACQUIRE))) {
         pthread_once(&state_once, init_states);
         __atomic_store_n(&states_ready, 1, __ATOMIC_RELEASE);
     }
     st = &dev_state[dev];
+    b = vgpu_bucket_of(dev);
+    queued(st, dev);
     est = __atomic_load_n(&st->est_ns[graph], __ATOMIC_RELAXED);
-    measure = est < 0 || !st->ready || (next_rand() & (SAMPLE - 1)) == 0;
+    rate = __atomic_load_n(&st->others, __ATOMIC_RELAXED) ? SAMPLE_SHARED : SAMPLE;
+    measure = est < 0 || !st->ready || (next_rand() & (rate - 1)) == 0;
     if (!measure) {
         /* the common case: charge the estimate, no driver call, no lock unless in debt or due */
-        charge(st, est);
-        if (VGPU_LIKELY(__atomic_load_n(&st->tokens_ns, __ATOMIC_RELAXED) >= 0 &&
+        charge(st, b, est);
+        if (VGPU_LIKELY(vgpu_bucket_tokens(b) >= 0 &&
                         coarse_ns() < __atomic_load_n(&st->next_harvest_ns, __ATOMIC_RELAXED)))
             return;
     } else {
@@ -434,22 +519,51 @@ static void throttle(const vgpu_region_t *r, CUstream stream, int graph)
         if (!measure && !st->ready)
             return;
         if (!measure && est > 0) /* another context's stream: charged like an unmeasured launch */
-            charge(st, est);
+            charge(st, b, est);
     }
     pthread_mutex_lock(&st->throttle_mu);
-    do_before(st, dev, pct, stream, measure, graph);
+    do_before(st, b, dev, pct, stream, measure, graph, sig);
     pthread_mutex_unlock(&st->throttle_mu);
 }
 
-VGPU_HIDDEN void vgpu_limiter_before_launch(CUstream stream, int graph)
+VGPU_HIDDEN void vgpu_limiter_before_launch(CUstream stream, int graph, uint64_t sig)
 {
     vgpu_region_t *r = vgpu_region_get();
+    CUdevice dev = 0;
+    int pct, joined;
 
     open_dev = -1;
     if (r)
         signals(r);
-    if (throttles)
-        throttle(r, stream, graph ? 1 : 0);
+    if (!load_ops() || (!one_device && (ops.ctx_get_device(&dev) != CUDA_SUCCESS || dev < 0 ||
+                                        dev >= VGPU_MAX_DEVICES)))
+        return;
+    joined = vgpu_board_state(dev);
+    if (VGPU_UNLIKELY(!joined))
+        board_join(dev);
+    vgpu_board_mark(dev);
+    if (!may_throttle(r) || !(pct = percent_of(r, dev)))
+        return;
+    throttle(stream, dev, pct, graph ? 1 : 0, sig);
+}
+
+VGPU_HIDDEN int vgpu_limiter_before_wait(void)
+{
+    CUdevice dev = 0;
+
+    if (!load_ops() || (!one_device && (ops.ctx_get_device(&dev) != CUDA_SUCCESS || dev < 0 ||
+                                        dev >= VGPU_MAX_DEVICES)))
+        return -1;
+    if (vgpu_board_state(dev) <= 0)
+        return -1;
+    vgpu_board_hold(dev);
+    return dev;
+}
+
+VGPU_HIDDEN void vgpu_limiter_after_wait(int dev)
+{
+    if (dev >= 0 && dev < VGPU_MAX_DEVICES)
+        vgpu_board_release(dev);
 }
 
 VGPU_HIDDEN void vgpu_limiter_after_launch(CUstream stream)

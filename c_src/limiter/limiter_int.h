@@ -3,6 +3,8 @@
 #ifndef VGPU_LIMITER_INT_H
 #define VGPU_LIMITER_INT_H
 
+#include <stddef.h>
+
 #include <cuda.h>
 
 #include "vgpu.h"
@@ -17,6 +19,7 @@ typedef struct {
     CUresult (*event_elapsed)(float *ms, CUevent a, CUevent b);
     CUresult (*stream_is_capturing)(CUstream s, CUstreamCaptureStatus *st);
     CUresult (*device_count)(int *n);
+    int (*device_key)(int ordinal, char *out, size_t n); /* the device's UUID text, 0 on success */
 } vgpu_limiter_ops_t;
 
 /* fills the table on first use; 0 when every entry is there (ops.c, or a test's simulated GPU) */

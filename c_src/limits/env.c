@@ -11,6 +11,7 @@
 static uint64_t env_limit[VGPU_MAX_DEVICES];
 static uint64_t env_sm[VGPU_MAX_DEVICES]; /* percent 1..99, 0 = none (0 and >= 100 as written) */
 static int env_valid = 1;
+static int env_any; /* some limit variable is present, valid or not */
 static char env_error[256];
 
 static int load_one(const char *var, uint64_t *out)
@@ -21,6 +22,7 @@ static int load_one(const char *var, uint64_t *out)
 
     if (!val)
         return 0;
+    env_any = 1;
     if ((sm ? vgpu_sm_parse(val, out, &why) : vgpu_limit_parse(val, out, &why)) == 0)
         return 1;
     if (env_valid) /* report the first offender; one is enough to fix the pod */
@@ -49,7 +51,7 @@ static void load_env(void)
         env_limit[i] = load_one(name, &v) ? v : fallback;
         snprintf(name, sizeof name, "CUDA_DEVICE_SM_LIMIT_%d", i);
         v = load_one(name, &v) ? v : sm_fallback;
-        env_sm[i] = v >= 100 ? 0 : v;
+        env_sm[i] = vgpu_sm_norm(v);
     }
     __atomic_store_n(&env_loaded, 1, __ATOMIC_RELEASE);
 }
@@ -72,6 +74,22 @@ VGPU_HIDDEN uint64_t vgpu_limits_env_sm(int dev)
 {
     vgpu_limits_load_env();
     return (dev >= 0 && dev < VGPU_MAX_DEVICES) ? env_sm[dev] : 0;
+}
+
+VGPU_HIDDEN uint64_t vgpu_limit_in_force(uint64_t region, uint64_t env)
+{
+    return (!region || (env && env < region)) ? env : region;
+}
+
+VGPU_HIDDEN uint64_t vgpu_sm_norm(uint64_t percent)
+{
+    return percent >= 100 ? 0 : percent;
+}
+
+VGPU_HIDDEN int vgpu_limits_any_set(void)
+{
+    vgpu_limits_load_env();
+    return env_any;
 }
 
 VGPU_HIDDEN int vgpu_limits_valid(void)

@@ -79,6 +79,22 @@ typedef struct {
     sem_t sem_postinit;
 } vgpu_region_t;
 
+/* The container's compute ledger (limiter/bucket.c: one SM budget per device for every process
+ * of the container) lives in words nobody else reads: the last process slot's used[] entries.
+ * Our writers never claim that slot, and its status stays 0, so HAMi's monitor (which sums only
+ * live slots) and the vendor's writers (which take it only as the 1024th process) pass it by.
+ * Each entry carries a check word: a ledger found without it (zeroed, or a vendor process's
+ * usage) is started afresh, never trusted. */
+#define VGPU_LEDGER_SLOT (VGPU_MAX_PROCS - 1)
+typedef struct {
+    uint64_t check;     /* VGPU_LEDGER_CHECK ^ device: the words below are ours */
+    uint64_t tokens;    /* int64: GPU ns the container may still use (negative: debt) */
+    uint64_t refill_ns; /* int64, CLOCK_MONOTONIC: when the tokens were last topped up */
+    uint64_t spare[5];
+} vgpu_ledger_t;
+#define VGPU_LEDGER_CHECK 0x7667707573686172ull /* "vgpushar" */
+_Static_assert(sizeof(vgpu_ledger_t) == sizeof(vgpu_device_memory_t), "a ledger entry fills one used[] entry");
+
 #define VGPU_LAYOUT_AT(type, field, off) \
     _Static_assert(offsetof(type, field) == (off), #type "." #field " must be at " #off)
 

@@ -1,6 +1,7 @@
 /* The shared region: one file per container (CUDA_DEVICE_MEMORY_SHARED_CACHE), mapped by every
  * process of it and by HAMi's monitor. Layers above use only this interface:
  *   shm.c   open/create/allocate/initialise/map, trust checks, the config check, exit and fork
+ *   find.c  the region beside the library, for a process started with a scrubbed environment
  *   lock.c  the cross-process lock (an OFD lock on the file: dropped by the kernel if the holder
  *           dies, never inherited by a fork child, not takeable through a read-only descriptor)
  *   ident.c process identity across pid namespaces: the slot stamp and the liveness lock
@@ -11,6 +12,7 @@
 #ifndef VGPU_REGION_H
 #define VGPU_REGION_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "region/layout.h"
@@ -36,6 +38,9 @@ VGPU_HIDDEN uint64_t vgpu_env_sm_limit(int dev);
  * 0 on success; -1 when it cannot be used (a warning says why; callers fall back to
  * process-local accounting). Idempotent; safe from many threads. */
 VGPU_HIDDEN int vgpu_region_attach(const char *path, const vgpu_region_config_t *cfg);
+/* which file is the region when the caller names none (find.c): $CUDA_DEVICE_MEMORY_SHARED_CACHE;
+ * with neither it nor any limit variable set, the one region beside this library; else the default */
+VGPU_HIDDEN void vgpu_region_choose_path(char *out, size_t n);
 /* write device_num and uuids into a region created before the driver could name its devices */
 VGPU_HIDDEN void vgpu_region_fill_devices(const vgpu_region_config_t *cfg);
 /* the mapping, NULL when not attached */
@@ -95,6 +100,10 @@ VGPU_HIDDEN const char *vgpu_region_table_insane(const vgpu_region_t *r);
 VGPU_HIDDEN uint64_t vgpu_region_limit(int dev);
 /* the same for the SM percent: 0 = none (the region's 0 and >= 100 both mean none) */
 VGPU_HIDDEN uint64_t vgpu_region_sm_limit(int dev);
+
+/* the container's compute ledger entry for dev (layout.h), NULL when not attached; the limiter
+ * owns what the words mean */
+VGPU_HIDDEN vgpu_ledger_t *vgpu_region_ledger(int dev);
 
 /* --- accounting on our own slot --- */
 /* which used[dev] field a charge lands in (always in total too) */

@@ -30,6 +30,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "limits/limits.h"
 #include "log/log.h"
 #include "region/region.h"
 
@@ -140,15 +141,10 @@ VGPU_HIDDEN void vgpu_region_fill_devices(const vgpu_region_config_t *cfg)
     vgpu_region_unlock();
 }
 
-static uint64_t sm_norm(uint64_t v)
-{
-    return v >= 100 ? 0 : v; /* the vendor stores 100 for "no SM limit", we store 0 */
-}
-
-/* env and region disagree: the stricter of the two is enforced (0 = none) */
+/* env and region disagree: say which one limits/ enforces */
 static const char *winner(uint64_t region_v, uint64_t env_v)
 {
-    return (!region_v || (env_v && env_v < region_v))
+    return vgpu_limit_in_force(region_v, env_v) == env_v
                ? "this process's (stricter; a region can tighten a limit, never lift it)"
                : "the region's (it is shared by the whole container)";
 }
@@ -171,10 +167,10 @@ static void check_config(const vgpu_region_t *r, const vgpu_region_config_t *cfg
                       "%llu) holds %llu bytes; using %s", d, (unsigned long long)cfg->limit[d], region_path,
                       (unsigned long long)r->owner_pid, (unsigned long long)r->limit[d],
                       winner(r->limit[d], cfg->limit[d]));
-        if (sm_norm(r->sm_limit[d]) != sm_norm(cfg->sm_limit[d]))
+        if (vgpu_sm_norm(r->sm_limit[d]) != vgpu_sm_norm(cfg->sm_limit[d]))
             VGPU_WARN("device %d SM limit: this process's env gives %llu%%, region %s holds %llu%%; using %s", d,
                       (unsigned long long)cfg->sm_limit[d], region_path, (unsigned long long)r->sm_limit[d],
-                      winner(sm_norm(r->sm_limit[d]), sm_norm(cfg->sm_limit[d])));
+                      winner(vgpu_sm_norm(r->sm_limit[d]), vgpu_sm_norm(cfg->sm_limit[d])));
         if (d < cfg->device_count && cfg->uuid[d][0] && r->uuids[d][0] &&
             strncmp(r->uuids[d], cfg->uuid[d], VGPU_UUID_LEN))
             VGPU_WARN("device %d is %.95s here but %.95s in region %s; processes of this container see "
@@ -368,7 +364,7 @@ static int do_attach(const char *path, const vgpu_region_config_t *cfg)
     self_slot = vgpu_region_claim_slot(r);
     vgpu_region_unlock();
     if (!self_slot) {
-        VGPU_WARN("region %s: all %d process slots hold live processes; " PER_PROCESS, path, VGPU_MAX_PROCS);
+        VGPU_WARN("region %s: all %d process slots hold live processes; " PER_PROCESS, path, VGPU_LEDGER_SLOT);
         munmap(r, sizeof *r);
         goto fail_fd;
     }
@@ -396,11 +392,10 @@ VGPU_HIDDEN int vgpu_region_attach(const char *path, const vgpu_region_config_t 
         rc = -1; /* warned once already; do not retry (and re-warn) on every allocation */
     } else {
         attach_tried = 1;
-        if (!path || !*path)
-            path = getenv("CUDA_DEVICE_MEMORY_SHARED_CACHE");
-        if (!path || !*path)
-            path = VGPU_REGION_DEFAULT_PATH;
-        snprintf(region_path, sizeof region_path, "%s", path);
+        if (path && *path)
+            snprintf(region_path, sizeof region_path, "%s", path);
+        else
+            vgpu_region_choose_path(region_path, sizeof region_path);
         if (!atfork_done) {
             atfork_done = 1;
             pthread_atfork(0, 0, atfork_child);

@@ -74,6 +74,22 @@ static int clamp_procs(int n)
     return n < 0 ? 0 : n > VGPU_MAX_PROCS ? VGPU_MAX_PROCS : n;
 }
 
+/* slots we may claim: every one but the ledger's (the last, see vgpu_region_ledger) */
+static int claimable(int n)
+{
+    n = clamp_procs(n);
+    return n > VGPU_LEDGER_SLOT ? VGPU_LEDGER_SLOT : n;
+}
+
+VGPU_HIDDEN vgpu_ledger_t *vgpu_region_ledger(int dev)
+{
+    vgpu_region_t *r = vgpu_region_get();
+
+    if (!r || dev < 0 || dev >= VGPU_MAX_DEVICES)
+        return 0;
+    return (vgpu_ledger_t *)(void *)&r->procs[VGPU_LEDGER_SLOT].used[dev];
+}
+
 /* processes (pid, start time) already seen mapping the region: a limit-bound loop of failing
  * reservations reaps again and again, and must not re-read a big process's maps every time */
 #define KNOWN_USERS 32
@@ -214,7 +230,7 @@ VGPU_HIDDEN vgpu_proc_slot_t *vgpu_region_claim_slot(vgpu_region_t *r)
     int i, n, pass;
 
     for (pass = 0; pass < 2; pass++) {
-        n = clamp_procs(__atomic_load_n(&r->proc_num, __ATOMIC_ACQUIRE));
+        n = claimable(__atomic_load_n(&r->proc_num, __ATOMIC_ACQUIRE));
         /* a slot our previous image (exec: same pid, start time and namespace) left: reuse it */
         for (i = 0; i < n; i++) {
             vgpu_proc_slot_t *s = &r->procs[i];
@@ -237,7 +253,7 @@ VGPU_HIDDEN vgpu_proc_slot_t *vgpu_region_claim_slot(vgpu_region_t *r)
                 return s;
             }
         }
-        while (n < VGPU_MAX_PROCS) {
+        while (n < VGPU_LEDGER_SLOT) {
             int want = n;
             /* status 0 until filled: the monitor skips it once proc_num covers it */
             if (__atomic_compare_exchange_n(&r->proc_num, &want, n + 1, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
@@ -247,7 +263,7 @@ VGPU_HIDDEN vgpu_proc_slot_t *vgpu_region_claim_slot(vgpu_region_t *r)
                 fill_slot(s, me);
                 return s;
             }
-            n = clamp_procs(want);
+            n = claimable(want);
         }
         if (!vgpu_region_reap(r, 1))
             break;
@@ -417,19 +433,13 @@ VGPU_HIDDEN void vgpu_slot_sub(vgpu_proc_slot_t *s, int dev, uint64_t bytes)
 
 /* ---- limits ---- */
 
-static uint64_t stricter(uint64_t region, uint64_t env)
-{
-    return (!region || (env && env < region)) ? env : region;
-}
-
 VGPU_HIDDEN uint64_t vgpu_region_limit(int dev)
 {
     vgpu_region_t *r = vgpu_region_get();
 
     if (dev < 0 || dev >= VGPU_MAX_DEVICES)
         return 0;
-    return r ? stricter(__atomic_load_n(&r->limit[dev], __ATOMIC_RELAXED), vgpu_limits_env(dev))
-             : vgpu_limits_env(dev);
+    return vgpu_limit_in_force(r ? __atomic_load_n(&r->limit[dev], __ATOMIC_RELAXED) : 0, vgpu_limits_env(dev));
 }
 
 VGPU_HIDDEN uint64_t vgpu_region_sm_limit(int dev)
@@ -440,7 +450,7 @@ VGPU_HIDDEN uint64_t vgpu_region_sm_limit(int dev)
     if (dev < 0 || dev >= VGPU_MAX_DEVICES)
         return 0;
     v = r ? __atomic_load_n(&r->sm_limit[dev], __ATOMIC_RELAXED) : 0;
-    return stricter(v >= 100 ? 0 : v, vgpu_limits_env_sm(dev));
+    return vgpu_limit_in_force(vgpu_sm_norm(v), vgpu_limits_env_sm(dev));
 }
 
 /* Publish the claim (a seq_cst add on our own slot), full fence, then sum every live slot, our

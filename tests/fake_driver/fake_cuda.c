@@ -91,8 +91,8 @@ CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice dev);
     X(cuArray3DCreate) X(cuCtxCreate) X(cuCtxCreate_v2) X(cuCtxCreate_v3) X(cuCtxCreate_v4) X(cuCtxDestroy) \
     X(cuCtxDestroy_v2) X(cuGreenCtxCreate) X(cuGreenCtxDestroy) X(cuCtxFromGreenCtx) \
     X(cuDevicePrimaryCtxReset_v2) X(cuDeviceGetUuid) X(cuDeviceGetUuid_v2) X(cuDeviceSetMemPool) \
-    X(cuMemPoolSetAttribute) X(cuMemPoolTrimTo) X(cuStreamSynchronize) X(cuCtxSynchronize) \
-    X(cuEventSynchronize)
+    X(cuMemPoolSetAttribute) X(cuMemPoolTrimTo) X(cuStreamSynchronize) X(cuStreamSynchronize_ptsz) \
+    X(cuCtxSynchronize) X(cuEventSynchronize)
 
 enum {
 #define X(n) C_##n,
@@ -1395,6 +1395,16 @@ EXPORT CUresult cuStreamSynchronize(CUstream s)
     return rc;
 }
 
+EXPORT CUresult cuStreamSynchronize_ptsz(CUstream s)
+{
+    CUcontext c;
+    CUresult rc;
+    COUNT(cuStreamSynchronize_ptsz);
+    if ((rc = stream_ctx(s, &c)) == CUDA_SUCCESS)
+        trim_device(c->dev);
+    return rc;
+}
+
 EXPORT CUresult cuCtxSynchronize(void)
 {
     COUNT(cuCtxSynchronize);
@@ -1680,7 +1690,7 @@ static const struct proc procs[] = {
     {"cuMemPoolTrimTo", 11020, (void *)cuMemPoolTrimTo, NULL},
     {"cuMemPoolGetAttribute", 11020, (void *)cuMemPoolGetAttribute, NULL},
     {"cuMemPoolSetAttribute", 11020, (void *)cuMemPoolSetAttribute, NULL},
-    {"cuStreamSynchronize", 2000, (void *)cuStreamSynchronize, NULL},
+    {"cuStreamSynchronize", 2000, (void *)cuStreamSynchronize, (void *)cuStreamSynchronize_ptsz},
     {"cuCtxSynchronize", 2000, (void *)cuCtxSynchronize, NULL},
     {"cuEventSynchronize", 2000, (void *)cuEventSynchronize, NULL},
     {"cuMemCreate", 10020, (void *)cuMemCreate, NULL},

@@ -25,6 +25,8 @@ def _python_table() -> dict[str, int]:
     t["sizeof.vgpu_device_util_t"] = R.UTIL_SIZE
     t["sizeof.vgpu_proc_slot_t"] = R.SLOT_SIZE
     t["sizeof.vgpu_region_t"] = R.REGION_SIZE
+    t["ledger.offset"] = R.ledger_offset(0)
+    t["ledger.check"] = R.LEDGER_CHECK
     return t
 
 

@@ -7,7 +7,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from regiontools import C_SRC, CFLAGS, REGION_SOURCES, cc
+from regiontools import C_SRC, CFLAGS, LIMITER_SOURCES, REGION_SOURCES, cc
 
 from vgpu_patch.build import header_dir
 
@@ -17,7 +17,7 @@ KERNEL_US, COUNT = 1000, 150  # 150 ms of GPU work per run
 @pytest.fixture(scope="module")
 def sim(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("limiter-sim") / "limiter_sim"
-    srcs = [C_SRC / "tests" / "limiter" / "limiter_sim.c", C_SRC / "limiter" / "limiter.c", *REGION_SOURCES]
+    srcs = [C_SRC / "tests" / "limiter" / "limiter_sim.c", *LIMITER_SOURCES, *REGION_SOURCES]
     subprocess.run([cc(), *CFLAGS, f"-I{header_dir()}", *map(str, srcs), "-o", str(out), "-lpthread"], check=True)
     return out
 

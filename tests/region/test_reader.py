@@ -47,7 +47,7 @@ def test_show_json_is_one_document(tmp_path: Path) -> None:
     doc = json.loads(res.stdout)
     assert doc["version"] == "1.2"
     assert doc["devices"][0] == {"index": 0, "uuid": UUIDS[0], "limit": 4 * GiB, "used": GiB + (512 << 20),
-                                 "sm_limit": 50}
+                                 "sm_limit": 50, "sm_budget_ns": None}  # a vendor file keeps no compute ledger
     assert [(p["pid"], p["hostpid"], p["status_name"]) for p in doc["procs"]] == [
         (100, 9100, "running"), (102, 9102, "suspended")]
     assert doc["procs"][0]["used"] == [GiB, 256 << 20]

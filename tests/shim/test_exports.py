@@ -27,7 +27,7 @@ def test_hooks_def_is_the_reference_surface() -> None:
     variants = wrapped_variants()
     assert set(variants.values()) <= own and not set(variants) & own
     ptsz = {v for v in variants if v.endswith("_ptsz")}
-    assert len(ptsz) == 7 and all(v == variants[v] + "_ptsz" for v in ptsz)
+    assert len(ptsz) == 8 and all(v == variants[v] + "_ptsz" for v in ptsz)
     # the older ABIs a CUDA 11 runtime or an old program can still reach
     assert {"cuGetProcAddress", "cuMemAlloc", "cuMemFree", "cuMemGetInfo", "cuDeviceTotalMem",
             "cuCtxCreate", "cuCtxCreate_v2", "cuCtxCreate_v3"} <= set(variants) | own

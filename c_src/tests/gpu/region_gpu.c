@@ -3,7 +3,10 @@
  *   region_gpu hold MIB      allocate MIB in 512 MiB pieces (until refused), print, wait for a
  *                            line on stdin, free, print cuMemGetInfo
  *   region_gpu loop SECONDS  compute-bound kernel loop (a dependent FMA chain in one full wave of
- *                            blocks, JIT-compiled from PTX): launches, sync every 8; prints kernels/s
+ *                            blocks, JIT-compiled from PTX): launches, sync every 8; prints kernels/s.
+ *                            SPIN_ITERS sets the chain's length (1<<18: about 2.2 ms a kernel on an
+ *                            H200); LOOP_START_AT (CLOCK_MONOTONIC seconds) makes processes started
+ *                            together begin their timed loops at the same instant
  * Prints key=value lines. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -85,6 +88,13 @@ static int do_loop(double seconds)
     /* warm-up: JIT, clocks */
     p_cuLaunchKernel(fn, (unsigned)sms * 4, 1, 1, 256, 1, 1, 0, 0, args, 0);
     p_cuCtxSynchronize();
+    if (getenv("LOOP_START_AT")) {
+        double at = atof(getenv("LOOP_START_AT"));
+        while (now_s() < at) {
+            struct timespec nap = {0, 1000000};
+            nanosleep(&nap, 0);
+        }
+    }
     t0 = now_s();
     t1 = t0;
     while (t1 - t0 < seconds) {

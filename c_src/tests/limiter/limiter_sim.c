@@ -1,15 +1,32 @@
-/* The SM limiter over a simulated GPU (not part of the shim). One stream: a launched kernel starts
- * when the stream is free and runs for its duration; an event completes when the work queued
- * before it has. Runs a kernel loop through vgpu_limiter_before_launch() and prints its wall time.
+/* The SM limiter over a simulated GPU (not part of the shim). Runs a kernel loop through
+ * vgpu_limiter_before_launch() exactly as the launch wrappers do and prints its wall time.
  *   limiter_sim MODE KERNEL_US COUNT      MODE: async (sync every 32 launches) | sync (after each)
  *                                               | sparse (sync, then 4x the kernel time on the CPU)
- * Prints: enabled=<0|1> wall_ms=<float> gpu_ms=<float>
+ * Prints: enabled=<0|1> wall_ms=<float> gpu_ms=<float> kernels=<n>
+ * SIM_SECONDS=S runs for S seconds instead of COUNT kernels (kernels= says how many ran).
  * With VGPU_SIM_REGION=1 it first attaches the shared region (CUDA_DEVICE_MEMORY_SHARED_CACHE),
- * so the region's sm_limit and the monitor's utilization_switch apply. */
+ * so the region's sm_limit, its compute ledger and the monitor's utilization_switch apply;
+ * VGPU_SIM_REGION=find only prints which region file it would attach (found=).
+ *
+ * The GPU. Alone, one stream: a kernel starts when the stream is free and runs for its duration.
+ * With SIM_GPU=FILE, one GPU shared by every limiter_sim process that names the same file, which
+ * time-slices between them as an H200 does without MPS (measured there: a 2.18 ms kernel takes
+ * 4.63 ms beside one other busy context and 6.90 ms beside two, while 29 us kernels are never
+ * stretched: contexts take turns between them). SIM_GPU_MODE picks the regime:
+ *   slice (default): processor sharing: while k processes have work queued, each one's work
+ *     progresses at 1/k speed, so a kernel is stretched by every other busy process;
+ *   serial: kernels of all processes run one at a time, in launch order, none stretched.
+ * An event completes when the work its stream had queued when it was recorded is done (so the
+ * limiter's start event completes when its kernel starts). */
+#define _GNU_SOURCE
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
+#include <sys/mman.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "limiter/limiter.h"
 #include "limiter/limiter_int.h"
@@ -17,9 +34,33 @@
 #include "log/log.h"
 #include "region/region.h"
 
-static long long gpu_free_at; /* ns, CLOCK_MONOTONIC */
-static long long ev_ts[1024];
-static int nev;
+#define SIM_PROCS 64
+#define SIM_EVENTS 128 /* the limiter's ring holds 64 pairs */
+
+struct sim_proc {
+    int pid;
+    long long queued;    /* slice: work launched and not yet done (ns of GPU time) */
+    long long done;      /* slice: work done so far */
+    long long submitted; /* slice: work launched so far */
+    long long q_end;     /* serial: when this process's stream is free */
+    struct {
+        long long target; /* done when `done` reaches it */
+        long long ts;     /* when it did; 0 = not yet */
+    } ev[SIM_EVENTS];
+};
+
+struct sim_gpu {
+    long long t;        /* slice: the time the shared state is advanced to */
+    long long gpu_free; /* serial: when the GPU is next free */
+    struct sim_proc proc[SIM_PROCS];
+};
+
+static struct sim_gpu *shared;
+static int gpu_fd = -1, serial;
+static struct sim_proc *me;
+static long long own_free_at; /* alone: our stream's end */
+static long long local_ts[SIM_EVENTS];
+static int nev, in_before, pending = -1;
 
 static long long now_ns(void)
 {
@@ -42,6 +83,156 @@ static long long max_ll(long long a, long long b)
     return a > b ? a : b;
 }
 
+static void lock(void)
+{
+    while (flock(gpu_fd, LOCK_EX) != 0)
+        ;
+}
+
+static void unlock(void)
+{
+    flock(gpu_fd, LOCK_UN);
+}
+
+/* slice, lock held: run the processor-sharing GPU forward to `now`, stamping events as they complete */
+static void advance(long long now)
+{
+    long long t = shared->t, least, step, per, before;
+    int i, j, k;
+
+    while (t < now) {
+        for (i = 0, k = 0, least = 0; i < SIM_PROCS; i++)
+            if (shared->proc[i].pid && shared->proc[i].queued > 0) {
+                k++;
+                if (!least || shared->proc[i].queued < least)
+                    least = shared->proc[i].queued;
+            }
+        if (!k)
+            break;
+        step = least * k < now - t ? least * k : now - t;
+        per = step / k;
+        if (per <= 0)
+            break;
+        for (i = 0; i < SIM_PROCS; i++) {
+            struct sim_proc *p = &shared->proc[i];
+            if (!p->pid || p->queued <= 0)
+                continue;
+            before = p->done;
+            p->done += per;
+            p->queued -= per;
+            for (j = 0; j < SIM_EVENTS; j++)
+                if (!p->ev[j].ts && p->ev[j].target && p->ev[j].target <= p->done)
+                    p->ev[j].ts = t + (p->ev[j].target - before) * k;
+        }
+        t += per * k;
+    }
+    shared->t = now;
+}
+
+static void leave(void)
+{
+    if (me && !serial) {
+        lock();
+        advance(now_ns());
+        me->queued = 0;
+        me->pid = 0;
+        unlock();
+    } else if (me) {
+        me->pid = 0;
+    }
+}
+
+static void gpu_open(const char *path)
+{
+    const char *mode = getenv("SIM_GPU_MODE");
+    int i;
+
+    serial = mode && !strcmp(mode, "serial");
+    gpu_fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (gpu_fd < 0)
+        exit(4);
+    lock();
+    if (ftruncate(gpu_fd, sizeof *shared) != 0)
+        exit(4);
+    shared = mmap(0, sizeof *shared, PROT_READ | PROT_WRITE, MAP_SHARED, gpu_fd, 0);
+    if (shared == MAP_FAILED)
+        exit(4);
+    if (!shared->t)
+        shared->t = now_ns();
+    for (i = 0; i < SIM_PROCS && !me; i++)
+        if (!shared->proc[i].pid) {
+            me = &shared->proc[i];
+            memset(me, 0, sizeof *me);
+            me->pid = getpid();
+            me->q_end = now_ns();
+        }
+    unlock();
+    if (!me)
+        exit(4);
+    atexit(leave);
+}
+
+/* serial: our stream's end */
+static long long *stream_end(void)
+{
+    return shared ? &me->q_end : &own_free_at;
+}
+
+/* the launch of a kernel of k_ns; returns when it starts on the GPU (serial and alone) */
+static long long gpu_launch(long long k_ns)
+{
+    long long t = now_ns(), start = max_ll(t, *stream_end()), end, seen;
+
+    if (!shared) {
+        own_free_at = start + k_ns;
+        return start;
+    }
+    if (!serial) {
+        lock();
+        advance(t);
+        me->queued += k_ns;
+        me->submitted += k_ns;
+        unlock();
+        return 0;
+    }
+    seen = __atomic_load_n(&shared->gpu_free, __ATOMIC_RELAXED);
+    do {
+        start = max_ll(max_ll(t, me->q_end), seen);
+        end = start + k_ns;
+    } while (!__atomic_compare_exchange_n(&shared->gpu_free, &seen, end, 1, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED));
+    __atomic_store_n(&me->q_end, end, __ATOMIC_RELEASE);
+    return start;
+}
+
+static void do_drain(void);
+
+/* wait until everything this process launched is done, as cuCtxSynchronize does under the shim */
+static void gpu_drain(void)
+{
+    int held = __builtin_expect(vgpu_limiter_enabled, 0) ? vgpu_limiter_before_wait() : -1;
+    do_drain();
+    if (held >= 0)
+        vgpu_limiter_after_wait(held);
+}
+
+static void do_drain(void)
+{
+    if (!shared || serial) {
+        sleep_until(*stream_end());
+        return;
+    }
+    for (;;) {
+        long long left;
+        lock();
+        advance(now_ns());
+        left = me->queued;
+        unlock();
+        if (left <= 0)
+            return;
+        sleep_until(now_ns() + (left < 200000 ? left : 200000));
+    }
+}
+
 static CUresult get_device(CUdevice *d)
 {
     *d = 0;
@@ -55,35 +246,62 @@ static CUresult get_current(CUcontext *c)
 static CUresult ev_create(CUevent *e, unsigned int f)
 {
     (void)f;
-    if (nev >= 1024)
+    if (nev >= SIM_EVENTS)
         return CUDA_ERROR_OUT_OF_MEMORY;
     *e = (CUevent)(long)(nev++ + 1);
     return CUDA_SUCCESS;
 }
-static long long *ts_of(CUevent e)
+static int ev_index(CUevent e)
 {
-    return &ev_ts[(long)e - 1];
+    return (int)((long)e - 1);
+}
+/* when the event completed, 0 if not yet */
+static long long ev_done_at(CUevent e)
+{
+    long long ts;
+    int i = ev_index(e);
+
+    if (!shared || serial)
+        return now_ns() >= local_ts[i] ? local_ts[i] : 0;
+    lock();
+    advance(now_ns());
+    ts = me->ev[i].ts;
+    unlock();
+    return ts;
 }
 static CUresult ev_record(CUevent e, CUstream s)
 {
+    int i = ev_index(e);
     (void)s;
-    *ts_of(e) = max_ll(now_ns(), gpu_free_at);
+    if (shared && !serial) {
+        lock();
+        advance(now_ns());
+        me->ev[i].target = me->submitted;
+        me->ev[i].ts = me->done >= me->submitted ? now_ns() : 0;
+        unlock();
+        return CUDA_SUCCESS;
+    }
+    local_ts[i] = max_ll(now_ns(), *stream_end());
+    if (in_before)
+        pending = i; /* the kernel launched next says when it starts */
     return CUDA_SUCCESS;
 }
 static CUresult ev_query(CUevent e)
 {
-    return now_ns() >= *ts_of(e) ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+    return ev_done_at(e) ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
 }
 static CUresult ev_sync(CUevent e)
 {
-    sleep_until(*ts_of(e));
+    while (!ev_done_at(e))
+        sleep_until(now_ns() + 100000);
     return CUDA_SUCCESS;
 }
 static CUresult ev_elapsed(float *ms, CUevent a, CUevent b)
 {
-    if (ev_query(a) || ev_query(b))
+    long long ta = ev_done_at(a), tb = ev_done_at(b);
+    if (!ta || !tb)
         return CUDA_ERROR_NOT_READY;
-    *ms = (float)((double)(*ts_of(b) - *ts_of(a)) / 1e6);
+    *ms = (float)((double)(tb - ta) / 1e6);
     return CUDA_SUCCESS;
 }
 static CUresult capturing(CUstream s, CUstreamCaptureStatus *st)
@@ -99,9 +317,16 @@ static CUresult count(int *n)
     return CUDA_SUCCESS;
 }
 
+static int key(int ordinal, char *out, size_t n)
+{
+    snprintf(out, n, "GPU-sim-%d", ordinal);
+    return 0;
+}
+
 VGPU_HIDDEN int vgpu_limiter_ops_load(vgpu_limiter_ops_t *ops)
 {
     ops->device_count = count;
+    ops->device_key = key;
     ops->ctx_get_device = get_device;
     ops->ctx_get_current = get_current;
     ops->event_create = ev_create;
@@ -115,13 +340,21 @@ VGPU_HIDDEN int vgpu_limiter_ops_load(vgpu_limiter_ops_t *ops)
 
 int main(int argc, char **argv)
 {
-    long long k_ns, t0, gpu_ns;
+    long long k_ns, t0, start, stop = 0;
     int i, n;
-    const char *mode;
+    const char *mode, *gpu = getenv("SIM_GPU"), *secs = getenv("SIM_SECONDS");
 
     if (argc != 4)
         return 2;
     vgpu_log_init_from_env();
+    if (gpu && *gpu)
+        gpu_open(gpu);
+    if (getenv("VGPU_SIM_REGION") && !strcmp(getenv("VGPU_SIM_REGION"), "find")) {
+        char found[4096];
+        vgpu_region_choose_path(found, sizeof found);
+        printf("found=%s\n", found);
+        return 0;
+    }
     if (getenv("VGPU_SIM_REGION")) {
         vgpu_region_config_t cfg;
         memset(&cfg, 0, sizeof cfg);
@@ -134,22 +367,29 @@ int main(int argc, char **argv)
     mode = argv[1];
     k_ns = atoll(argv[2]) * 1000;
     n = atoi(argv[3]);
-    gpu_ns = k_ns * n;
     t0 = now_ns();
-    gpu_free_at = t0;
-    for (i = 0; i < n; i++) {
+    if (secs)
+        stop = t0 + (long long)(atof(secs) * 1e9);
+    if (!shared || serial)
+        *stream_end() = t0;
+    for (i = 0; secs ? now_ns() < stop : i < n; i++) {
+        in_before = 1;
         if (__builtin_expect(vgpu_limiter_enabled, 0)) /* exactly what the launch wrappers do */
-            vgpu_limiter_before_launch((CUstream)0, 0);
-        gpu_free_at = max_ll(now_ns(), gpu_free_at) + k_ns; /* the launch */
+            vgpu_limiter_before_launch((CUstream)0, 0, 42);
+        in_before = 0;
+        start = gpu_launch(k_ns); /* the launch */
+        if (pending >= 0)
+            local_ts[pending] = start;
+        pending = -1;
         if (__builtin_expect(vgpu_limiter_enabled, 0))
             vgpu_limiter_after_launch((CUstream)0);
         if (!strcmp(mode, "sync") || !strcmp(mode, "sparse") || (i % 32 == 31))
-            sleep_until(gpu_free_at);
+            gpu_drain();
         if (!strcmp(mode, "sparse"))
             sleep_until(now_ns() + 4 * k_ns);
     }
-    sleep_until(gpu_free_at);
-    printf("enabled=%d wall_ms=%.3f gpu_ms=%.3f\n", vgpu_limiter_throttles(), (double)(now_ns() - t0) / 1e6,
-           (double)gpu_ns / 1e6);
+    gpu_drain();
+    printf("enabled=%d wall_ms=%.3f gpu_ms=%.3f kernels=%d\n", vgpu_limiter_throttles(),
+           (double)(now_ns() - t0) / 1e6, (double)k_ns * i / 1e6, i);
     return 0;
 }

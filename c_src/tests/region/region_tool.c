@@ -47,6 +47,9 @@ static void print_offsets(void)
     OFF(vgpu_region_t, priority); OFF(vgpu_region_t, last_kernel_time); OFF(vgpu_region_t, sem_postinit);
     printf("\"sizeof.vgpu_device_memory_t\": %zu,\n\"sizeof.vgpu_device_util_t\": %zu,\n",
            sizeof(vgpu_device_memory_t), sizeof(vgpu_device_util_t));
+    printf("\"ledger.offset\": %zu,\n\"ledger.check\": %llu,\n", offsetof(vgpu_region_t, procs) +
+           VGPU_LEDGER_SLOT * sizeof(vgpu_proc_slot_t) + offsetof(vgpu_proc_slot_t, used),
+           (unsigned long long)VGPU_LEDGER_CHECK);
     printf("\"sizeof.vgpu_proc_slot_t\": %zu,\n\"sizeof.vgpu_region_t\": %zu\n}\n", sizeof(vgpu_proc_slot_t),
            sizeof(vgpu_region_t));
 }

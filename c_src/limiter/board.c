@@ -1,0 +1,297 @@
+/* === BOARD: which contexts are busy on a GPU, node-wide, so a limiter can tell its kernels'
+ * GPU time from the time slices the GPU gave to other contexts meanwhile.
+ *
+ * Without MPS the GPU time-slices between contexts. A kernel longer than a slice is stretched by
+ * every other busy context (an H200 measured 2.18 ms alone, 4.63 ms beside one busy context,
+ * 6.90 ms beside two), so its event-measured time is not what it used. The limiter divides by
+ * the number of busy contexts, read here (limiter.c says how it guards against counting too many).
+ *
+ * One small file per GPU in a directory every container of the node shares: HAMi mounts the host's
+ * /tmp/vgpulock into each of them; VGPU_NODE_DIR names another (empty: no board). Each process
+ * that launches on the GPU holds one 64-byte entry and stores in it, at most once a millisecond,
+ * "busy until now + BUSY_NS"; a thread that waits for the GPU (cuCtxSynchronize,
+ * cuStreamSynchronize: its process has work queued) holds the mark until it returns, and a
+ * process that measures its launches (an SM limit) marks itself busy until its queued work should
+ * be done. Entries are claimed by CAS and freed at exit; one whose process died
+ * simply stops being busy and is taken over after STALE_NS. No lock, no thread, no driver call.
+ *
+ * The file is shared by every container, so it is mode 0666 and its content untrusted: a symlink,
+ * a non-regular file, a file of another size or without our magic is not used; a busy mark further
+ * than HOLD_NS in the future is ignored; and callers cap the count. Unusable board: every process
+ * counts as alone (its measured time is charged in full, as before there was a board). */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "limiter/board.h"
+#include "log/log.h"
+
+#define ENTRIES 63 /* and one header */
+#define BUSY_NS 10000000ll     /* a launch marks its process busy for 10 ms */
+#define HOLD_NS 10000000000ll  /* a thread waiting for the GPU holds the mark for up to 10 s */
+#define MARK_EVERY_NS 1000000ll
+#define STALE_NS 10000000000ll /* an entry idle for 10 s may be taken over */
+#define BOARD_MAGIC 0x766770752d62726full
+#define DEFAULT_DIR "/tmp/vgpulock"
+
+typedef struct {
+    uint64_t owner;      /* a random word per process image; 0 = free (in the header: BOARD_MAGIC) */
+    int64_t busy_until;  /* CLOCK_MONOTONIC ns */
+    int32_t pid;         /* for people reading the file */
+    int32_t spare32;
+    uint64_t spare[5];
+} entry_t;
+_Static_assert(sizeof(entry_t) == 64, "one cache line an entry");
+#define BOARD_SIZE (sizeof(entry_t) * (ENTRIES + 1))
+
+static struct board {
+    pthread_mutex_t mu;
+    int state;        /* 0 not tried, 1 open, -1 unusable */
+    entry_t *all;     /* [0] is the header */
+    entry_t *mine;
+    int64_t marked;   /* our last busy mark */
+    int waiting;      /* threads inside a wait for the GPU */
+} boards[VGPU_MAX_DEVICES];
+static uint64_t nonce;
+static pthread_once_t init_once = PTHREAD_ONCE_INIT;
+
+static int64_t mono_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+    return (int64_t)ts.tv_sec * 1000000000ll + ts.tv_nsec;
+}
+
+static void new_nonce(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    nonce = ((uint64_t)getpid() << 40) ^ (uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 20) ^ (uintptr_t)&ts;
+    if (!nonce || nonce == BOARD_MAGIC)
+        nonce = 1;
+}
+
+static void release_all(void)
+{
+    int d;
+    for (d = 0; d < VGPU_MAX_DEVICES; d++) {
+        entry_t *e = boards[d].mine;
+        uint64_t me = nonce;
+        if (e) {
+            __atomic_store_n(&e->busy_until, 0, __ATOMIC_RELAXED);
+            __atomic_compare_exchange_n(&e->owner, &me, 0, 0, __ATOMIC_RELEASE, __ATOMIC_RELAXED);
+        }
+    }
+}
+
+/* a fork child is another process: its own entries, found again on its first launch */
+static void atfork_child(void)
+{
+    int d;
+    pthread_mutex_t fresh = PTHREAD_MUTEX_INITIALIZER;
+    new_nonce();
+    for (d = 0; d < VGPU_MAX_DEVICES; d++) {
+        boards[d].mu = fresh;
+        boards[d].mine = 0;
+        boards[d].marked = 0;
+        boards[d].waiting = 0;
+        if (boards[d].state > 0)
+            boards[d].state = 0; /* the mapping is inherited; claim a new entry in it */
+    }
+}
+
+static void init(void)
+{
+    int d;
+    for (d = 0; d < VGPU_MAX_DEVICES; d++)
+        pthread_mutex_init(&boards[d].mu, 0);
+    new_nonce();
+    pthread_atfork(0, 0, atfork_child);
+    atexit(release_all);
+}
+
+static entry_t *map_board(const char *path)
+{
+    struct stat st;
+    entry_t *m;
+    uint64_t zero = 0;
+    int fd = open(path, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK, 0666);
+
+    if (fd < 0) {
+        VGPU_INFO("no GPU activity board at %s (%s): kernels are charged as if this process were alone", path,
+                  strerror(errno));
+        return 0;
+    }
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || (st.st_size != 0 && st.st_size != (off_t)BOARD_SIZE)) {
+        VGPU_WARN("ignoring the GPU activity board %s: not a regular file of %zu bytes", path, BOARD_SIZE);
+        close(fd);
+        return 0;
+    }
+    if (st.st_uid == geteuid() && (st.st_mode & 0777) != 0666)
+        (void)fchmod(fd, 0666); /* every container's processes join it, whatever their uid */
+    /* allocated, not sparse: a full disk is found now, not as SIGBUS on a later store */
+    if (st.st_size == 0 && posix_fallocate(fd, 0, (off_t)BOARD_SIZE) != 0) {
+        close(fd);
+        return 0;
+    }
+    m = mmap(0, BOARD_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (m == MAP_FAILED)
+        return 0;
+    __atomic_compare_exchange_n(&m[0].owner, &zero, BOARD_MAGIC, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+    if (__atomic_load_n(&m[0].owner, __ATOMIC_ACQUIRE) != BOARD_MAGIC) {
+        VGPU_WARN("ignoring the GPU activity board %s: not written by vgpu-patch", path);
+        munmap(m, BOARD_SIZE);
+        return 0;
+    }
+    return m;
+}
+
+static entry_t *claim(entry_t *all, int64_t now)
+{
+    int i;
+    for (i = 1; i <= ENTRIES; i++) {
+        entry_t *e = &all[i];
+        uint64_t seen = __atomic_load_n(&e->owner, __ATOMIC_ACQUIRE);
+        int64_t busy = __atomic_load_n(&e->busy_until, __ATOMIC_RELAXED);
+        if ((seen == 0 || busy < now - STALE_NS || busy > now + STALE_NS) &&
+            __atomic_compare_exchange_n(&e->owner, &seen, nonce, 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED)) {
+            e->pid = (int32_t)getpid();
+            __atomic_store_n(&e->busy_until, now, __ATOMIC_RELAXED);
+            return e;
+        }
+    }
+    return 0;
+}
+
+static void open_board(struct board *b, int dev, const char *key)
+{
+    const char *dir = getenv("VGPU_NODE_DIR");
+    char path[512], clean[100];
+    size_t i, n = 0;
+
+    b->state = -1;
+    if (!dir)
+        dir = DEFAULT_DIR;
+    if (!*dir || !key || !*key)
+        return;
+    for (i = 0; key[i] && n + 1 < sizeof clean; i++) /* a UUID; anything else is kept out of the path */
+        clean[n++] = ((key[i] >= 'a' && key[i] <= 'z') || (key[i] >= 'A' && key[i] <= 'Z') ||
+                      (key[i] >= '0' && key[i] <= '9') || key[i] == '-') ? key[i] : '_';
+    clean[n] = 0;
+    snprintf(path, sizeof path, "%s/vgpu-patch-activity-%s", dir, clean);
+    if (!(b->all = map_board(path)))
+        return;
+    if (!(b->mine = claim(b->all, mono_ns()))) {
+        VGPU_INFO("GPU activity board %s is full: device %d's kernels are charged as if alone", path, dev);
+        return; /* the mapping stays: we can still read the others */
+    }
+    b->state = 1;
+}
+
+VGPU_HIDDEN int vgpu_board_join(int dev, const char *key)
+{
+    struct board *b;
+
+    if (dev < 0 || dev >= VGPU_MAX_DEVICES)
+        return -1;
+    pthread_once(&init_once, init);
+    b = &boards[dev];
+    if (VGPU_LIKELY(__atomic_load_n(&b->state, __ATOMIC_ACQUIRE)))
+        return b->state > 0 ? 0 : -1;
+    pthread_mutex_lock(&b->mu);
+    if (!b->state) {
+        if (b->all && !b->mine) /* a fork child: the mapping is ours already */
+            b->state = (b->mine = claim(b->all, mono_ns())) ? 1 : -1;
+        else
+            open_board(b, dev, key);
+    }
+    pthread_mutex_unlock(&b->mu);
+    return b->state > 0 ? 0 : -1;
+}
+
+VGPU_HIDDEN int vgpu_board_state(int dev)
+{
+    return (dev < 0 || dev >= VGPU_MAX_DEVICES) ? -1 : __atomic_load_n(&boards[dev].state, __ATOMIC_ACQUIRE);
+}
+
+VGPU_HIDDEN void vgpu_board_mark(int dev)
+{
+    struct board *b = &boards[dev];
+    int64_t now;
+
+    if (__atomic_load_n(&b->state, __ATOMIC_ACQUIRE) <= 0)
+        return;
+    now = mono_ns();
+    if (now - __atomic_load_n(&b->marked, __ATOMIC_RELAXED) < MARK_EVERY_NS)
+        return;
+    __atomic_store_n(&b->marked, now, __ATOMIC_RELAXED);
+    if (!__atomic_load_n(&b->waiting, __ATOMIC_RELAXED))
+        __atomic_store_n(&b->mine->busy_until, now + BUSY_NS, __ATOMIC_RELAXED);
+}
+
+VGPU_HIDDEN void vgpu_board_until(int dev, int64_t until)
+{
+    struct board *b = &boards[dev];
+    int64_t now = mono_ns();
+
+    if (__atomic_load_n(&b->state, __ATOMIC_ACQUIRE) <= 0 || __atomic_load_n(&b->waiting, __ATOMIC_RELAXED))
+        return;
+    if (until > now + HOLD_NS)
+        until = now + HOLD_NS;
+    if (until > __atomic_load_n(&b->mine->busy_until, __ATOMIC_RELAXED) + MARK_EVERY_NS)
+        __atomic_store_n(&b->mine->busy_until, until, __ATOMIC_RELAXED);
+}
+
+VGPU_HIDDEN void vgpu_board_hold(int dev)
+{
+    struct board *b = &boards[dev];
+
+    if (__atomic_load_n(&b->state, __ATOMIC_ACQUIRE) <= 0)
+        return;
+    __atomic_fetch_add(&b->waiting, 1, __ATOMIC_RELAXED);
+    __atomic_store_n(&b->mine->busy_until, mono_ns() + HOLD_NS, __ATOMIC_RELAXED);
+}
+
+VGPU_HIDDEN void vgpu_board_release(int dev)
+{
+    struct board *b = &boards[dev];
+
+    if (__atomic_load_n(&b->state, __ATOMIC_ACQUIRE) <= 0)
+        return;
+    if (__atomic_sub_fetch(&b->waiting, 1, __ATOMIC_RELAXED) <= 0) { /* the queue is drained */
+        __atomic_store_n(&b->waiting, 0, __ATOMIC_RELAXED);
+        __atomic_store_n(&b->mine->busy_until, mono_ns(), __ATOMIC_RELAXED);
+    }
+}
+
+VGPU_HIDDEN int vgpu_board_others(int dev)
+{
+    struct board *b;
+    int64_t now;
+    int i, n = 0;
+
+    if (dev < 0 || dev >= VGPU_MAX_DEVICES || __atomic_load_n(&boards[dev].state, __ATOMIC_ACQUIRE) <= 0)
+        return 0;
+    b = &boards[dev];
+    now = mono_ns();
+    for (i = 1; i <= ENTRIES; i++) {
+        entry_t *e = &b->all[i];
+        int64_t busy;
+        if (e == b->mine || !__atomic_load_n(&e->owner, __ATOMIC_RELAXED))
+            continue;
+        busy = __atomic_load_n(&e->busy_until, __ATOMIC_RELAXED);
+        if (busy > now && busy <= now + HOLD_NS + MARK_EVERY_NS) /* further ahead: not a mark of ours */
+            n++;
+    }
+    return n;
+}

@@ -1,0 +1,24 @@
+/* The node-wide GPU activity board (board.c): which other contexts are busy on a device now. */
+#ifndef VGPU_LIMITER_BOARD_H
+#define VGPU_LIMITER_BOARD_H
+
+#include <stdint.h>
+
+#include "vgpu.h"
+
+/* Join device dev's board (key: the device's UUID, which names the file); 0 when joined, -1 when
+ * there is no usable board. The first call opens it; later calls are two loads. */
+VGPU_HIDDEN int vgpu_board_join(int dev, const char *key);
+/* 0 not tried yet, 1 joined, -1 unusable */
+VGPU_HIDDEN int vgpu_board_state(int dev);
+/* we launched on dev: busy for the next little while (a store at most once a millisecond) */
+VGPU_HIDDEN void vgpu_board_mark(int dev);
+/* we expect our queued work on dev to be done at `until` (CLOCK_MONOTONIC ns): busy until then */
+VGPU_HIDDEN void vgpu_board_until(int dev, int64_t until);
+/* a thread of ours waits for the GPU (work is queued): busy until the matching release */
+VGPU_HIDDEN void vgpu_board_hold(int dev);
+VGPU_HIDDEN void vgpu_board_release(int dev);
+/* how many other processes marked dev busy and still are (0 without a board) */
+VGPU_HIDDEN int vgpu_board_others(int dev);
+
+#endif

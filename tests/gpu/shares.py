@@ -1,0 +1,96 @@
+"""Compute shares on a real GPU: containers (each its own region file) of one or more processes
+running c_src/tests/gpu/region_gpu.c's compute-bound loop at once, under the shim or under MPS.
+
+A share is a container's kernels per second over what one process alone, without the shim, gets
+with the same kernels. Used by tests/gpu/test_sm_share_gpu.py and bench/sm_share.py."""
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+LONG_ITERS, SHORT_ITERS = 1 << 18, 3000  # about 2.2 ms and 29 us a kernel on an H200
+
+
+@dataclass
+class Container:
+    limit: int | None  # CUDA_DEVICE_SM_LIMIT (or the MPS thread percentage); None: none
+    procs: int = 1
+
+
+def jain(xs: list[float]) -> float:
+    return sum(xs) ** 2 / (len(xs) * sum(x * x for x in xs)) if any(xs) else 0.0
+
+
+class ShareRunner:
+    def __init__(self, exe: Path, shim: Path, tmp: Path, seconds: float = 3.0) -> None:
+        self.exe, self.shim, self.tmp, self.seconds = exe, shim, tmp, seconds
+        self.node = tmp / "node"  # the activity board's directory (HAMi mounts /tmp/vgpulock there)
+        self.node.mkdir(parents=True, exist_ok=True)
+        self._bare: dict[int, float] = {}
+
+    def _env(self, iters: int, start_at: float, extra: dict[str, str]) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items()
+               if not k.startswith(("CUDA_DEVICE_", "CUDA_MPS_", "GPU_CORE", "LD_PRELOAD", "VGPU_"))}
+        env.update(SPIN_ITERS=str(iters), LOOP_START_AT=f"{start_at:.3f}", NCCL_NVLS_ENABLE="0", **extra)
+        return env
+
+    def run(self, containers: list[Container], iters: int, shim: bool = True, mps: bool = False) -> list[float]:
+        """Every process of every container at once; each container's share of a lone bare process."""
+        start_at = time.monotonic() + 2.5  # after every process has its context
+        tag = os.urandom(3).hex()
+        procs: list[tuple[int, subprocess.Popen]] = []
+        for c, spec in enumerate(containers):
+            extra: dict[str, str] = {}
+            if shim:
+                extra.update(LD_PRELOAD=str(self.shim), VGPU_NODE_DIR=str(self.node),
+                             CUDA_DEVICE_MEMORY_SHARED_CACHE=str(self.tmp / f"{tag}-c{c}.cache"))
+                if spec.limit:
+                    extra["CUDA_DEVICE_SM_LIMIT"] = str(spec.limit)
+            if mps:
+                pipe = str(self.tmp / "mps")
+                extra.update(CUDA_MPS_PIPE_DIRECTORY=pipe, CUDA_MPS_LOG_DIRECTORY=pipe)
+                if spec.limit:
+                    extra["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(spec.limit)
+            for _ in range(spec.procs):
+                p = subprocess.Popen([str(self.exe), "loop", str(self.seconds)], env=self._env(iters, start_at, extra),
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                procs.append((c, p))
+        rates = [0.0] * len(containers)
+        try:
+            for c, p in procs:
+                out, err = p.communicate(timeout=120)
+                assert p.returncode == 0, f"region_gpu loop exited {p.returncode}: {out}{err}"
+                kv = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+                rates[c] += float(kv["kernels_per_s"])
+        finally:
+            for _, p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+        bare = self.bare(iters)
+        return [r / bare for r in rates]
+
+    def bare(self, iters: int) -> float:
+        """One process alone, without the shim: the 1.0 every share is measured against."""
+        if iters not in self._bare:
+            self._bare[iters] = 1.0
+            self._bare[iters] = max(self.run([Container(None)], iters, shim=False)[0] for _ in range(2))
+        return self._bare[iters]
+
+
+@contextlib.contextmanager
+def mps_daemon(tmp: Path):
+    """nvidia-cuda-mps-control -d for the block; quit afterwards, whatever happens."""
+    d = tmp / "mps"
+    d.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "CUDA_MPS_PIPE_DIRECTORY": str(d), "CUDA_MPS_LOG_DIRECTORY": str(d)}
+    subprocess.run(["nvidia-cuda-mps-control", "-d"], env=env, check=True, timeout=60)
+    try:
+        yield
+    finally:
+        subprocess.run(["nvidia-cuda-mps-control"], input="quit\n", text=True, env=env, timeout=60)
+        time.sleep(1)

@@ -1,0 +1,246 @@
+"""SM limits as real shares of one GPU, over a simulated GPU that several processes share and that
+time-slices between them as an H200 does without MPS (c_src/tests/limiter/limiter_sim.c, SIM_GPU):
+one budget per container (every process of a region draws from it), and fairness between
+containers, whose limiters tell their own GPU time from the time slices the GPU gave the others
+(the node's activity board, c_src/limiter/board.c).
+
+Every figure is GPU work done per wall second, as a share of what one process alone gets. The
+simulated GPU runs in real time, so bounds leave room for a loaded 2-core CI machine; the exact
+figures on a real H200 are in docs/benchmarks.md (bench/sm_share.py)."""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import struct
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from regiontools import C_SRC, CFLAGS, LIMITER_SOURCES, REGION_SOURCES, cc
+
+from vgpu_patch import region as R
+from vgpu_patch.build import header_dir
+
+LONG_US, SHORT_US = 2000, 300  # stretched by time slices / serialised between them
+SECONDS = "2.0"
+
+
+@pytest.fixture(scope="module")
+def sim(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("sm-share") / "limiter_sim"
+    srcs = [C_SRC / "tests" / "limiter" / "limiter_sim.c", *LIMITER_SOURCES, *REGION_SOURCES]
+    subprocess.run([cc(), *CFLAGS, f"-I{header_dir()}", *map(str, srcs), "-o", str(out), "-lpthread", "-ldl"],
+                   check=True)
+    return out
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CUDA_", "GPU_CORE", "VGPU_", "SIM_"))}
+    env.update(extra)
+    return env
+
+
+class Node:
+    """One simulated GPU, one activity-board directory, and a region file per container."""
+
+    def __init__(self, sim: Path, tmp: Path, regime: str) -> None:
+        self.sim, self.tmp, self.regime = sim, tmp, regime
+        (tmp / "node").mkdir(exist_ok=True)
+
+    def env(self, container: str, limit: int | None, **extra: str) -> dict[str, str]:
+        env = clean_env(SIM_GPU=str(self.tmp / "gpu"), SIM_GPU_MODE=self.regime, SIM_SECONDS=SECONDS,
+                        VGPU_SIM_REGION="1", VGPU_NODE_DIR=str(self.tmp / "node"),
+                        CUDA_DEVICE_MEMORY_SHARED_CACHE=str(self.tmp / f"{container}.cache"))
+        env.update(extra)
+        if limit:
+            env["CUDA_DEVICE_SM_LIMIT"] = str(limit)
+        return env
+
+    def start(self, env: dict[str, str], kernel_us: int) -> subprocess.Popen:
+        return subprocess.Popen([str(self.sim), "async", str(kernel_us), "0"], env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+    def run(self, containers: list[tuple[int | None, int]], kernel_us: int, **extra: str) -> list[float]:
+        """containers: (SM limit or None, processes) each; returns each container's share, all run at once."""
+        procs = [(c, self.start(self.env(f"c{c}", limit, **extra), kernel_us))
+                 for c, (limit, n) in enumerate(containers) for _ in range(n)]
+        shares = [0.0] * len(containers)
+        for c, p in procs:
+            shares[c] += share(p)
+        return shares
+
+
+def share(p: subprocess.Popen) -> float:
+    try:
+        out, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+    assert p.returncode == 0, err
+    kv = dict(item.split("=") for item in out.split())
+    return float(kv["gpu_ms"]) / float(kv["wall_ms"])
+
+
+def jain(xs: list[float]) -> float:
+    return sum(xs) ** 2 / (len(xs) * sum(x * x for x in xs))
+
+
+@pytest.fixture
+def serial(sim: Path, tmp_path: Path) -> Node:
+    return Node(sim, tmp_path, "serial")
+
+
+@pytest.fixture
+def sliced(sim: Path, tmp_path: Path) -> Node:
+    return Node(sim, tmp_path, "slice")
+
+
+# ---- one budget per container ----
+
+@pytest.mark.parametrize("limit,n", [(50, 2), (30, 3)])
+def test_processes_of_a_container_share_its_limit(serial: Node, limit: int, n: int) -> None:
+    """Per-process budgets gave N processes N shares (about 1.0 together here); one budget gives the limit."""
+    [total] = serial.run([(limit, n)], SHORT_US)
+    assert limit / 100 - 0.12 < total < limit / 100 + 0.08, total
+
+
+def test_processes_of_a_container_share_its_limit_with_stretched_kernels(sliced: Node) -> None:
+    [total] = sliced.run([(50, 2)], LONG_US)
+    assert 0.38 < total < 0.60, total
+
+
+# ---- fairness between containers ----
+
+def test_equal_limits_get_equal_shares(sliced: Node) -> None:
+    """Two containers at 50 on a time-sliced GPU: each gets what time-slicing gives it (not a quarter)."""
+    a, b = sliced.run([(50, 1), (50, 1)], LONG_US)
+    assert a > 0.38 and b > 0.38 and a + b > 0.80, (a, b)
+    assert jain([a, b]) > 0.95
+
+
+def test_quarter_limits_hold_side_by_side(sliced: Node) -> None:
+    a, b = sliced.run([(25, 1), (25, 1)], LONG_US)
+    assert 0.16 < a < 0.32 and 0.16 < b < 0.32, (a, b)
+    assert jain([a, b]) > 0.95
+
+
+def test_unequal_limits(sliced: Node) -> None:
+    a, b = sliced.run([(30, 1), (70, 1)], LONG_US)
+    assert 0.20 < a < 0.37 and b > 0.50, (a, b)
+
+
+def test_limited_beside_unlimited(sliced: Node) -> None:
+    """The neighbour never stops: our kernels are always stretched, and still charged only our part."""
+    limited, unlimited = sliced.run([(50, 1), (None, 1)], LONG_US)
+    assert limited > 0.38 and unlimited > 0.38, (limited, unlimited)
+
+
+def test_without_the_board_neighbours_throttle_each_other(sliced: Node) -> None:
+    """The defect the board fixes: charged the stretched time, two 50% containers get about a quarter each."""
+    a, b = sliced.run([(50, 1), (50, 1)], LONG_US, VGPU_NODE_DIR="")
+    assert a + b < 0.70, (a, b)
+
+
+def test_short_kernels_between_neighbours_are_charged_in_full(serial: Node) -> None:
+    """Kernels that take turns are not stretched: a busy neighbour must not halve their charge."""
+    a, b = serial.run([(25, 1), (None, 1)], SHORT_US)
+    assert a < 0.33, (a, b)
+
+
+# ---- what a process leaves behind, and files it must not trust ----
+
+def test_a_killed_process_leaves_no_claim(sliced: Node) -> None:
+    env = sliced.env("c0", 50)
+    victim = sliced.start({**env, "SIM_SECONDS": "30"}, LONG_US)
+    time.sleep(0.8)
+    os.killpg(victim.pid, signal.SIGKILL)
+    victim.wait()
+    [after] = sliced.run([(50, 1)], LONG_US)
+    assert 0.38 < after < 0.60, after
+
+
+LEDGER_CHECK = R.LEDGER_CHECK
+
+
+@pytest.mark.parametrize("words,least", [
+    ((0x1234, 2**62, 2**62), 0.30),                  # not ours: started afresh
+    ((LEDGER_CHECK, 2**62, 2**62), 0.30),             # ours, a fortune banked, refill in the future: capped
+    ((LEDGER_CHECK, 2**63 + 12345, 0), 0.08),         # ours, in deep debt: at most 1 s of GPU time owed
+])
+def test_a_garbage_ledger_never_stalls_nor_frees(serial: Node, words: tuple[int, int, int], least: float) -> None:
+    """Any process of the container may write the region: its compute ledger is checked, not trusted.
+    The worst it can do is owe 1 s of GPU time (2 s of wall at 50%), never hold the process for good."""
+    cache = serial.tmp / "c0.cache"
+    buf = bytearray(R.encode(uuids=["GPU-sim"], limit=[0], sm_limit=[50]))
+    struct.pack_into("<QQQ", buf, R.ledger_offset(0), *words)
+    cache.write_bytes(bytes(buf))
+    [got] = serial.run([(50, 1)], SHORT_US, SIM_SECONDS="3.5")
+    assert least < got < 0.60, got
+
+
+def test_the_ledger_slot_is_never_claimed(serial: Node) -> None:
+    """The monitor sums live slots only: the ledger's slot stays free whatever runs."""
+    serial.run([(50, 2)], SHORT_US)
+    r = R.read_region(serial.tmp / "c0.cache")
+    assert r.proc_num <= 2
+    raw = (serial.tmp / "c0.cache").read_bytes()
+    status_off = R.slot_offset(R.LEDGER_SLOT) + R.SLOT_FIELDS["status"][0]
+    assert struct.unpack_from("<i", raw, status_off)[0] == 0
+    assert r.sm_budget_ns[0] is not None and -10**9 <= r.sm_budget_ns[0] <= 20_000_000  # the ledger was kept
+    assert r.sm_budget_ns[1] is None
+
+
+@pytest.mark.parametrize("kind", ["symlink", "short", "foreign"])
+def test_an_untrusted_board_is_not_used(sliced: Node, kind: str) -> None:
+    """A board that is not ours counts every process as alone: the old (safe) charge, never a free pass."""
+    board = sliced.tmp / "node" / "vgpu-patch-activity-GPU-sim-0"
+    if kind == "symlink":
+        (sliced.tmp / "elsewhere").write_bytes(b"\0" * 4096)
+        board.symlink_to(sliced.tmp / "elsewhere")
+    elif kind == "short":
+        board.write_bytes(b"\0" * 100)
+    else:
+        board.write_bytes(b"\xff" * 4096)
+    [alone] = sliced.run([(25, 1)], LONG_US)
+    assert alone < 0.33, alone
+    if kind == "symlink":
+        assert (sliced.tmp / "elsewhere").read_bytes() == b"\0" * 4096
+
+
+# ---- a process that lost the container's environment ----
+
+def test_scrubbed_environment_holds_the_region_beside_the_library(sim: Path, tmp_path: Path) -> None:
+    """`env -i` keeps /etc/ld.so.preload but none of HAMi's variables: the one region in the
+    library's directory is found and its SM limit held. (The simulator is its own 'library' here.)"""
+    vgpu = tmp_path / "vgpu"
+    vgpu.mkdir()
+    exe = vgpu / "limiter_sim"
+    shutil.copy(sim, exe)
+    (vgpu / "0f4c1a2b.cache").write_bytes(R.encode(uuids=["GPU-sim"], limit=[0], sm_limit=[25]))
+    scrubbed = {"PATH": "/usr/bin:/bin", "VGPU_SIM_REGION": "1", "SIM_SECONDS": "1.5", "VGPU_NODE_DIR": ""}
+    p = subprocess.run([str(exe), "async", str(SHORT_US), "0"], env=scrubbed, capture_output=True, text=True,
+                       timeout=60, check=True)
+    kv = dict(item.split("=") for item in p.stdout.split())
+    assert float(kv["gpu_ms"]) / float(kv["wall_ms"]) < 0.35, p.stdout
+
+    def found(**extra: str) -> tuple[str, str]:
+        p = subprocess.run([str(exe), "async", "1", "1"], env={**scrubbed, "VGPU_SIM_REGION": "find", **extra},
+                           capture_output=True, text=True, timeout=60, check=True)
+        return p.stdout.strip(), p.stderr
+
+    assert found() == (f"found={vgpu}/0f4c1a2b.cache", "")
+    # a limit variable, or the variable naming the region, means the environment is not scrubbed
+    assert found(CUDA_DEVICE_MEMORY_LIMIT="1g")[0] == "found=/tmp/cudevshr.cache"
+    assert found(CUDA_DEVICE_MEMORY_SHARED_CACHE="/x/y.cache")[0] == "found=/x/y.cache"
+    # files that are not acceptable regions are passed over: a symlink, another size, no magic
+    (vgpu / "link.cache").symlink_to(vgpu / "0f4c1a2b.cache")
+    (vgpu / "short.cache").write_bytes(b"\0" * 100)
+    (vgpu / "foreign.cache").write_bytes(R.encode(uuids=[], limit=[0], magic=7))
+    assert found()[0] == f"found={vgpu}/0f4c1a2b.cache"
+    # two candidates: none is guessed, and the process says so
+    (vgpu / "9e8d7c6b.cache").write_bytes(R.encode(uuids=["GPU-sim"], limit=[0], sm_limit=[25]))
+    out, err = found()
+    assert out == "found=/tmp/cudevshr.cache" and "several regions" in err
