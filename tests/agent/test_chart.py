@@ -210,3 +210,16 @@ def test_a_value_with_a_newline_is_refused_and_never_becomes_yaml(key: str, helm
     if skipped.returncode == 0:  # else a template refused it: no YAML came out at all
         docs = [d for d in yaml.safe_load_all(skipped.stdout) if d]
         assert "hostNetwork" not in pod_spec(docs)
+
+
+def test_notes_say_how_to_build_push_and_use_the_image(helm: Helm) -> None:
+    """`helm install` prints NOTES.txt: the build script exists, and its --set line gives the tag it pushes."""
+    out = helm.check("install", "agent", str(CHART), "-n", "kube-system", "--dry-run=client",
+                     "--set", "image.registry=registry.example.com")
+    notes = out[out.index("NOTES:"):]
+    assert "image registry.example.com/vgpu-patch-agent:0.1.0." in " ".join(notes.split())
+    build = next(ln.split() for ln in notes.splitlines() if "build-multiarch.sh" in ln)
+    assert (CHART.parents[1] / build[0]).is_file() and build[2] == "--push"
+    setting = next(ln.split("--set ")[1] for ln in notes.splitlines() if "--set image.registry=" in ln)
+    got = pod_spec(helm.template(CHART, "--set", setting.replace("REGISTRY", "reg.example")))["containers"][0]
+    assert got["image"] == build[1].replace("REGISTRY", "reg.example")
