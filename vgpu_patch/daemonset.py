@@ -78,9 +78,10 @@ class ImageRef:
         return img
 
     def check(self, what: str) -> None:
-        for part, value, pattern in (("registry", self.registry, _REGISTRY), ("repository", self.repository,
-                                                                              _REPOSITORY), ("tag", self.tag, _TAG)):
-            if value and not re.fullmatch(pattern, value) or (part == "repository" and not value):
+        parts = (("registry", self.registry, _REGISTRY), ("repository", self.repository, _REPOSITORY),
+                 ("tag", self.tag, _TAG))
+        for part, value, pattern in parts:
+            if (value and not re.fullmatch(pattern, value)) or (part == "repository" and not value):
                 raise UsageError(f"{what}: bad {part} {value!r}; expected [REGISTRY[:PORT]/]REPOSITORY[:TAG] "
                                  "with a lower-case repository, e.g. registry.example.com/vgpu-patch-agent:0.1.0")
         if self.pull_policy not in PULL_POLICIES:
@@ -177,7 +178,8 @@ def parse_toleration(spec: str) -> dict[str, str]:
         return {"operator": "Exists"}
     body, _, effect = spec.partition(":")
     key, eq, value = body.partition("=")
-    if not _LABEL_KEY.fullmatch(key) or (eq and not _LABEL_VALUE.fullmatch(value)) or (effect and effect not in _EFFECTS):
+    bad_value = eq and not _LABEL_VALUE.fullmatch(value)
+    if not _LABEL_KEY.fullmatch(key) or bad_value or (effect and effect not in _EFFECTS):
         raise UsageError(f"--toleration {spec!r}: expected KEY[=VALUE][:EFFECT] "
                          f"(effect one of {', '.join(_EFFECTS)}) or '*'")
     t = {"key": key, "operator": "Equal", "value": value} if eq else {"key": key, "operator": "Exists"}

@@ -67,7 +67,8 @@ Exit codes: 0 written; 2 usage error (bad label, name, path, image reference or 
 @click.option("-o", "--output", type=click.Path(dir_okay=False, allow_dash=True, path_type=Path), default=Path("-"),
               show_default=True, help="Write the manifest here ('-' = stdout).")
 @json_option
-def cli(image: str | None, image_pull_policy: str, namespace: str, name: str, node_selector: tuple[str, ...], host_dir: str, sha256: str | None,
+def cli(image: str | None, image_pull_policy: str, namespace: str, name: str,
+        node_selector: tuple[str, ...], host_dir: str, sha256: str | None,
         interval: float, metrics_port: int, max_unavailable: str, cpu_limit: str, memory_limit: str,
         priority_class: str, tolerations: tuple[str, ...], pull_secrets: tuple[str, ...], selinux: tuple[str, ...],
         host_pid: bool, rbac: bool, write_chart: Path | None, output: Path, as_json: bool) -> None:
