@@ -4,6 +4,7 @@
 """
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -53,8 +54,9 @@ def test_no_hint_sends_pip_to_an_index_for_vgpu_patch() -> None:
     offenders = []
     for path in [*ROOT.glob("vgpu_patch/**/*.py"), *ROOT.glob("docs/*.md"), ROOT / "README.md",
                  *ROOT.glob("ansible/**/*.md"), *ROOT.glob("charts/**/*.txt"), *ROOT.glob("deploy/*")]:
-        if path.is_file() and "pip install 'vgpu-patch[" in path.read_text(errors="replace"):
-            offenders.append(str(path.relative_to(ROOT)))
+        text = path.read_text(errors="replace") if path.is_file() else ""
+        for m in re.finditer(r"pip install '?vgpu-patch(?:\[[a-z,]+\])?'?(?=[\s`'\"]|$)(?! @)", text):
+            offenders.append(f"{path.relative_to(ROOT)}: {m.group(0)}")
     assert not offenders
 
 
