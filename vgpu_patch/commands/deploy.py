@@ -15,7 +15,7 @@ from ..cli_options import (
 from ..deploy.candidate import inspect, verify_expected
 from ..deploy.cli_targets import default_operator, policy_from, progress, resolve_targets
 from ..deploy.fleet import run_fleet, stop_requested
-from ..deploy.render import swap_table
+from ..deploy.render import plan_listing, swap_table
 from ..deploy.swap import DEFAULT_TOOL, deploy_file
 
 EPILOG = """\b
@@ -71,5 +71,8 @@ def cli(file: str, install: bool, check: bool, expect_sha256: str | None, operat
         emit_json({"file": str(cand.path), "sha256": cand.sha256, "dry_run": dry_run, **fleet.to_dict()})
     else:
         title = f"vgpu-patch deploy {cand.path.name} ({cand.sha256[:12]})" + (" --dry-run" if dry_run else "")
-        swap_table(fleet, title)
+        if dry_run:
+            plan_listing(fleet, title, commands=bool(kw.get("verbose")))
+        else:
+            swap_table(fleet, title)
     raise SystemExit(fleet.exit_code(dry_run=dry_run))

@@ -8,7 +8,7 @@ import click
 from ..cli_options import dry_run_option, emit_json, fleet_options, json_option, stale_option, target_options
 from ..deploy.cli_targets import default_operator, policy_from, progress, resolve_targets
 from ..deploy.fleet import run_fleet, stop_requested
-from ..deploy.render import swap_table
+from ..deploy.render import plan_listing, swap_table
 from ..deploy.swap import DEFAULT_TOOL, rollback
 from ..errors import UsageError
 
@@ -62,5 +62,8 @@ def cli(to_sha256: str, yes: bool, operator: str | None, stale: bool, dry_run: b
     if as_json:
         emit_json({"dry_run": dry_run, **fleet.to_dict()})
     else:
-        swap_table(fleet, "vgpu-patch rollback" + (" --dry-run" if dry_run else ""))
+        if dry_run:
+            plan_listing(fleet, "vgpu-patch rollback --dry-run", commands=bool(kw.get("verbose")))
+        else:
+            swap_table(fleet, "vgpu-patch rollback")
     raise SystemExit(fleet.exit_code(dry_run=dry_run))

@@ -22,12 +22,24 @@ log = logging.getLogger("vgpu_patch.node")
 _verbosity = 0
 
 
+class _Stderr(logging.StreamHandler):
+    """Writes to whatever sys.stderr is now (a test runner swaps it between runs), never a stale stream."""
+
+    @property
+    def stream(self) -> object:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value: object) -> None:
+        pass
+
+
 def set_verbosity(level: int) -> None:
     """0 quiet; 1 one line per node command, connection and file copy, with timings; 2 whole commands too."""
     global _verbosity
     _verbosity = level
     if level and not log.handlers:
-        handler = logging.StreamHandler(sys.stderr)
+        handler = _Stderr()
         handler.setFormatter(logging.Formatter("vgpu-patch: debug: %(relativeCreated)7.0f ms %(message)s"))
         log.addHandler(handler)
         log.propagate = False
