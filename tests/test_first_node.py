@@ -78,7 +78,7 @@ def _run_guide(tmp_path: Path, server, lib_dir: Path, vendor_sha: str) -> None: 
     key = home / ".ssh" / "id_ed25519"
     shutil.copyfile(server.key_path, key)
     key.chmod(0o600)
-    opts = f'-o UserKnownHostsFile="$HOME/.ssh/known_hosts" -o IdentityFile="$HOME/.ssh/id_ed25519" -o BatchMode=yes'
+    opts = '-o UserKnownHostsFile="$HOME/.ssh/known_hosts" -o IdentityFile="$HOME/.ssh/id_ed25519" -o BatchMode=yes'
     for tool in ("ssh", "scp"):
         (bin_dir / tool).write_text(f'#!/bin/sh\nexec {shutil.which(tool)} {opts} "$@"\n')
     (bin_dir / "vgpu-patch").write_text(f'#!/bin/sh\nexec {sys.executable} -m vgpu_patch.cli "$@"\n')
