@@ -223,3 +223,32 @@ def test_notes_say_how_to_build_push_and_use_the_image(helm: Helm) -> None:
     setting = next(ln.split("--set ")[1] for ln in notes.splitlines() if "--set image.registry=" in ln)
     got = pod_spec(helm.template(CHART, "--set", setting.replace("REGISTRY", "reg.example")))["containers"][0]
     assert got["image"] == build[1].replace("REGISTRY", "reg.example")
+
+
+DOCS_WITH_HELM = ["README.md", "docs/fleet.md", "charts/vgpu-patch-agent/README.md"]
+
+
+@pytest.mark.parametrize("doc", DOCS_WITH_HELM)
+def test_documented_helm_install_gives_the_documented_daemonset(doc: str, helm: Helm) -> None:
+    """Each doc's `helm install …` line, run (`--dry-run=client`), renders the objects of the doc's
+    `vgpu-patch daemonset --image … [--rbac]` line: the two are the same install."""
+    import shlex
+
+    from click.testing import CliRunner
+
+    from vgpu_patch.commands.daemonset import cli as daemonset
+
+    text = (CHART.parents[1] / doc).read_text().replace("\\\n", " ")
+    install = shlex.split(next(ln for ln in text.splitlines() if ln.startswith("helm install")).split("#")[0])
+    cli_line = next(ln for ln in text.splitlines() if ln.startswith("vgpu-patch daemonset --image"))
+    cli_args = shlex.split(cli_line.split("|")[0].split(" -o ")[0])[2:]
+    assert ("rbac=true" in " ".join(install)) == ("--rbac" in cli_args), "the two lines ask for different RBAC"
+    chart_arg = install.index("charts/vgpu-patch-agent")
+    install[chart_arg] = str(CHART)
+    out = helm.check(*install[1:], "--dry-run=client")
+    rendered = [d for d in yaml.safe_load_all(out.split("NOTES:")[0].split("MANIFEST:")[1]) if d]
+    res = CliRunner().invoke(daemonset, [*cli_args, "--json"])
+    assert res.exit_code == 0, res.output
+    doc_json = json.loads(res.stdout)
+    want = doc_json["items"] if doc_json["kind"] == "List" else [doc_json]
+    assert by_kind(rendered) == by_kind(want)
