@@ -82,12 +82,14 @@ def test_timeout_bounds_a_node_that_never_answers(tmp_path: Path) -> None:
         port = listener.getsockname()[1]
         start = time.monotonic()
         out = vgpu("status", "--host", f"nobody@127.0.0.1:{port}", "--known-hosts", str(tmp_path / "kh"),
-                   "-T", "1", "--json", timeout=60)
+                   "-T", "1", "--json", "-v", timeout=60)
         took = time.monotonic() - start
     assert out.returncode == 1, out.stderr
     (n,) = json.loads(out.stdout)["nodes"]
     assert "cannot connect" in n["error"], n
     assert took < 10  # the default would be 15 s of waiting for the banner
+    assert f"nobody@127.0.0.1:{port}: connect: nobody@127.0.0.1:{port} (timeout 1 s)" in out.stderr
+    assert f"nobody@127.0.0.1:{port}: connect failed: " in out.stderr
 
 
 @pytest.mark.parametrize("argv", [

@@ -183,23 +183,22 @@ class SSHTransport(Transport):
                         f"({e}); check ProxyJump and AllowTcpForwarding"
                     ) from e
             try:
-                timed = Timed(self.name, "connect", f"{self.user}@{self.hostname}:{self.port}"
-                              + (f" via {self.proxy_command!r}" if self.proxy_command else "")
-                              + (f" via {self.jump.name}" if self.jump else "")
-                              + f" (timeout {self.connect_timeout:g} s)")
-                client.connect(
-                    self.hostname,
-                    port=self.port,
-                    username=self.user,
-                    key_filename=self.key_filenames or None,  # type: ignore[arg-type]  # a list works too
-                    look_for_keys=not self.key_filenames,
-                    allow_agent=self.allow_agent,
-                    timeout=self.connect_timeout,
-                    banner_timeout=self.connect_timeout,
-                    auth_timeout=self.connect_timeout,
-                    sock=sock,
-                )
-                timed.end()
+                with Timed(self.name, "connect", f"{self.user}@{self.hostname}:{self.port}"
+                           + (f" via {self.proxy_command!r}" if self.proxy_command else "")
+                           + (f" via {self.jump.name}" if self.jump else "")
+                           + f" (timeout {self.connect_timeout:g} s)"):
+                    client.connect(
+                        self.hostname,
+                        port=self.port,
+                        username=self.user,
+                        key_filename=self.key_filenames or None,  # type: ignore[arg-type]  # a list works too
+                        look_for_keys=not self.key_filenames,
+                        allow_agent=self.allow_agent,
+                        timeout=self.connect_timeout,
+                        banner_timeout=self.connect_timeout,
+                        auth_timeout=self.connect_timeout,
+                        sock=sock,
+                    )
             except HostKeyError:
                 client.close()
                 raise
