@@ -190,3 +190,49 @@ def test_readme_local_session_runs_as_shown(tmp_path: Path) -> None:
                 assert out.stdout.splitlines()[0].split("(")[0] == shown.split("(")[0], line
             ran += 1
     assert ran == 7  # build, check, deploy --dry-run, deploy, deploy again, status, rollback
+
+
+def _fenced_commands(text: str) -> list[str]:
+    """`vgpu-patch …` command lines of fenced blocks: `$ ` lines of console blocks, lines of sh blocks; not
+    synopses (`[--opt]`, `...`)."""
+    out = []
+    for m in _FENCE.finditer(text):
+        block = m.group(0).replace("\\\n", " ")
+        console = block.startswith("```console")
+        for line in block.splitlines()[1:]:
+            line = line.strip()
+            if console and not line.startswith("$ "):
+                continue
+            line = line.removeprefix("$ ")
+            if line.startswith("vgpu-patch ") and " [" not in line and "..." not in line:
+                line = re.sub(r"\$\([^)]*\)", "VALUE", line)
+                out.append(re.split(r"\s+(?:#|\||>|&&|;)\s*", line)[0])
+    return out
+
+
+@pytest.mark.parametrize("doc", [d for d in DOCS if d.name != "cli-reference.md"], ids=lambda p: p.name)
+def test_documented_commands_parse(doc: Path) -> None:
+    """Every command line in a code block parses as written: arguments, option values, choices, ranges."""
+    import shlex
+
+    import click
+
+    from vgpu_patch.cli import cli
+
+    wrong = []
+    for line in _fenced_commands(doc.read_text()):
+        ctx = click.Context(cli)
+        cmd: click.Command = cli
+        rest = shlex.split(line)[1:]
+        while rest and not rest[0].startswith("-") and isinstance(cmd, click.Group):
+            sub = cmd.get_command(ctx, rest[0])
+            if sub is None:
+                break
+            cmd, rest = sub, rest[1:]
+        try:
+            cmd.make_context(str(cmd.name), rest)
+        except click.exceptions.Exit:
+            pass
+        except click.ClickException as e:
+            wrong.append(f"{line}: {e.format_message()}")
+    assert not wrong, "\n".join(wrong)
