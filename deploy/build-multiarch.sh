@@ -3,8 +3,8 @@
 #   deploy/build-multiarch.sh registry.example.com/vgpu-patch-agent:0.1.0 [--push]
 # Each architecture's shim is built with `vgpu-patch build --arch` (zig cross-compiles, any host), checked,
 # and copied into a per-arch build context whose out/ holds only that build, with a wheelhouse of the tool
-# and its pinned dependencies (deploy/agent-constraints.txt) for that architecture (CPython 3.11, glibc
-# 2.34 or newer: Debian 12); deploy/Dockerfile is used unchanged. BUILDER=docker (default; docker buildx,
+# and the agent's pinned dependencies (deploy/agent-constraints.txt: no paramiko) for that architecture
+# (CPython 3.11, glibc 2.28 or newer: Debian 12); deploy/Dockerfile is used unchanged. BUILDER=docker (default; docker buildx,
 # QEMU/binfmt for the foreign arch) or BUILDER=buildah. BASE_IMAGE, when set, is passed as the build
 # argument (a manifest list, so that each platform gets its own base). Without --push the per-arch images
 # stay local (docker: loaded; buildah: in a local manifest list).
@@ -34,9 +34,10 @@ for a in amd64 arm64; do
   m=$(arch_of "$a")
   vgpu-patch build --arch "$m" --glibc "$GLIBC" -o "$ctx/out/"
   cp "$WORK"/wheel/*.whl "$ctx/out/wheels/"
+  # the agent's own dependencies (no paramiko: the image installs the tool with --no-deps)
   "$PYTHON" -m pip download -q --only-binary=:all: --python-version 3.11 --implementation cp \
     --platform "manylinux_2_34_$m" --platform "manylinux_2_28_$m" --platform "manylinux2014_$m" \
-    -c "$ROOT/deploy/agent-constraints.txt" -d "$ctx/out/wheels" "$ctx"/out/wheels/vgpu_patch-*.whl
+    -d "$ctx/out/wheels" -r "$ROOT/deploy/agent-constraints.txt"
   cp "$ROOT/deploy/Dockerfile" "$ROOT/deploy/agent-constraints.txt" "$ctx/deploy/"
   cp "$ROOT/.dockerignore" "$ctx/"
   case "$BUILDER" in

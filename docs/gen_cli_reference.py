@@ -67,8 +67,10 @@ def _exit_lines(epilog: str | None) -> str:
 
 
 def _global_codes() -> list[tuple[str, str]]:
-    """The contract in vgpu_patch/errors.py's docstring: `  <code>  <meaning>` lines."""
-    return re.findall(r"^\s+(\d)\s+(.+)$", errors.__doc__ or "", re.M)
+    """The contract in vgpu_patch/errors.py's docstring: `  <code>  <meaning>` lines (a meaning may go on
+    over further lines indented past its code)."""
+    found = re.findall(r"^  (\d)  (.+(?:\n {5,}\S.*)*)$", errors.__doc__ or "", re.M)
+    return [(code, " ".join(meaning.split())) for code, meaning in found]
 
 
 def render() -> str:

@@ -28,3 +28,19 @@ def test_demo_round_trip(tmp_path: Path) -> None:
     assert live.read_bytes() == (state / "backups" / f"{vendor_sha}.so").read_bytes()
     for step in ("build", "check", "deploy", "status", "rollback"):
         assert f"$ vgpu-patch {step}" in proc.stderr
+    # checked against the file it replaces (the node's vendor stand-in), and planned before it is done
+    assert f"$ vgpu-patch check {tmp_path}/out/libvgpu.so --vendor {live}" in proc.stderr
+    assert f"$ vgpu-patch deploy --local {tmp_path}/node --dry-run" in proc.stderr
+    assert f"against vendor {live}" in proc.stdout
+    assert f"files kept in {tmp_path}" in proc.stderr
+
+
+def test_demo_without_a_workdir_leaves_nothing_behind(tmp_path: Path) -> None:
+    import os
+
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    proc = subprocess.run([sys.executable, "-m", "vgpu_patch.cli", "demo"], capture_output=True, text=True,
+                          timeout=600, env={**os.environ, "TMPDIR": str(tmp)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert list(tmp.iterdir()) == [] and "temporary files removed" in proc.stderr

@@ -158,3 +158,81 @@ def test_cli_reference_is_current() -> None:
     proc = subprocess.run([sys.executable, str(ROOT / "docs" / "gen_cli_reference.py"), "--check"],
                           capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 0, f"docs/cli-reference.md is stale: run python3 docs/gen_cli_reference.py\n{proc.stderr}"
+
+
+def test_readme_local_session_runs_as_shown(tmp_path: Path) -> None:
+    """README's build, check and local deploy/status/rollback sessions, run in order as printed there, on the
+    demo's node root (its vendor stand-in live): each exits as documented and prints what README shows first.
+    The SSH sessions are run by tests/deploy (real sshd) and docs/first-node.md by tests/test_first_node.py."""
+    import shlex
+
+    demo = subprocess.run([sys.executable, "-m", "vgpu_patch.cli", "demo", "--workdir", str(tmp_path)],
+                          capture_output=True, text=True, timeout=900)
+    assert demo.returncode == 0, demo.stderr[-2000:]
+    text = README.read_text()
+    sessions = [m.group(0) for m in _FENCE.finditer(text) if m.group(0).startswith("```console")]
+    ran = 0
+    for block in sessions:
+        lines = block.splitlines()
+        for i, line in enumerate(lines):
+            if not line.startswith("$ vgpu-patch "):
+                continue
+            words = shlex.split(line[2:].split("  #")[0])
+            local = "--local" in words and "node" in words
+            if not (local or words[1:3] in (["build", "-o"], ["check", "out/libvgpu.so"])):
+                continue
+            out = subprocess.run([sys.executable, "-m", "vgpu_patch.cli", *words[1:]], capture_output=True,
+                                 text=True, cwd=tmp_path, timeout=900)
+            want = 1 if "--dry-run" in words else 0
+            assert out.returncode == want, f"{line}: exit {out.returncode}\n{out.stdout[-1500:]}{out.stderr[-1500:]}"
+            shown = lines[i + 1]
+            if shown != "..." and not shown.startswith(("building", "check ")):  # build's, check's: on stderr
+                assert out.stdout.splitlines()[0].split("(")[0] == shown.split("(")[0], line
+            ran += 1
+    assert ran == 7  # build, check, deploy --dry-run, deploy, deploy again, status, rollback
+
+
+def _fenced_commands(text: str) -> list[str]:
+    """`vgpu-patch …` command lines of fenced blocks: `$ ` lines of console blocks, lines of sh blocks; not
+    synopses (`[--opt]`, `...`)."""
+    out = []
+    for m in _FENCE.finditer(text):
+        block = m.group(0).replace("\\\n", " ")
+        console = block.startswith("```console")
+        for line in block.splitlines()[1:]:
+            line = line.strip()
+            if console and not line.startswith("$ "):
+                continue
+            line = line.removeprefix("$ ")
+            if line.startswith("vgpu-patch ") and " [" not in line and "..." not in line:
+                line = re.sub(r"\$\([^)]*\)", "VALUE", line)
+                out.append(re.split(r"\s+(?:#|\||>|&&|;)\s*", line)[0])
+    return out
+
+
+@pytest.mark.parametrize("doc", [d for d in DOCS if d.name != "cli-reference.md"], ids=lambda p: p.name)
+def test_documented_commands_parse(doc: Path) -> None:
+    """Every command line in a code block parses as written: arguments, option values, choices, ranges."""
+    import shlex
+
+    import click
+
+    from vgpu_patch.cli import cli
+
+    wrong = []
+    for line in _fenced_commands(doc.read_text()):
+        ctx = click.Context(cli)
+        cmd: click.Command = cli
+        rest = shlex.split(line)[1:]
+        while rest and not rest[0].startswith("-") and isinstance(cmd, click.Group):
+            sub = cmd.get_command(ctx, rest[0])
+            if sub is None:
+                break
+            cmd, rest = sub, rest[1:]
+        try:
+            cmd.make_context(str(cmd.name), rest)
+        except click.exceptions.Exit:
+            pass
+        except click.ClickException as e:
+            wrong.append(f"{line}: {e.format_message()}")
+    assert not wrong, "\n".join(wrong)

@@ -14,7 +14,6 @@ from typing import Callable, NoReturn
 
 import click
 
-from . import __version__
 from .cli_options import emit_json, error_document, json_emitted
 from .errors import EXIT_FAILED, VgpuPatchError
 
@@ -24,6 +23,15 @@ EPILOG = """\b
 Exit codes: 0 ok; 1 failed (or --dry-run with changes pending); 2 usage error;
 3 fleet partly failed; 4 check found an incompatibility.
 """
+
+
+def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    if not value or ctx.resilient_parsing:
+        return
+    from .install import version_text
+
+    click.echo(version_text())
+    ctx.exit()
 
 
 class LazyGroup(click.Group):
@@ -40,7 +48,9 @@ class LazyGroup(click.Group):
 
 
 @click.group(cls=LazyGroup, epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(__version__, prog_name="vgpu-patch")
+@click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=_print_version,
+              help="Show the version, where it was installed from (with the git commit when known), the shim's "
+                   "version, and exit.")
 def cli() -> None:
     """Build, verify and hot-swap a fixed HAMi-compatible libvgpu.so onto GPU nodes.
 

@@ -74,6 +74,14 @@ def with_options(*decorators: Callable) -> Callable:
     return apply
 
 
+def existing_path(role: str, path: object) -> None:
+    """A file named on the command line that does not exist is a usage error (exit 2), in every command."""
+    from .errors import UsageError
+
+    if path is not None and not os.path.lexists(str(path)):
+        raise UsageError(f"{role} {path} does not exist; check the path")
+
+
 DEFAULT_TARGET_DIR = "/usr/local/vgpu"  # the same as deploy.swap.DEFAULT_DIR (kept import-free for fast --help)
 
 
@@ -103,14 +111,23 @@ def target_options(f: Callable) -> Callable:
                      help="Trust and record host keys seen for the first time (a changed or revoked key is "
                           "always refused)."),
         click.option("--identity", "-i", "identities", multiple=True, type=click.Path(dir_okay=False),
-                     help="Private key to offer first (repeatable; ssh_config's IdentityFile and the agent "
-                          "are tried too)."),
+                     help="Private key to offer first, as ssh -i (Ansible's -i INVENTORY is -I here); repeatable; "
+                          "ssh_config's IdentityFile and the agent are tried too."),
         click.option("--no-sudo", is_flag=True,
                      help="Run node commands as the login user, without sudo (it must own the library dir)."),
         click.option("--ask-become-pass", "-K", is_flag=True,
                      help="Ask once for the sudo password and answer sudo's prompt with it on each node."),
         click.option("--parallel", "-p", default=10, show_default=True, type=click.IntRange(1, 256),
                      help="Nodes worked on at once."),
+        click.option("--timeout", "-T", "timeout", type=click.FloatRange(min=0.1), default=None, metavar="S",
+                     help="Seconds to wait for a node's SSH connection and login (Ansible's -T) [default: "
+                          "ssh_config's ConnectTimeout, else 15]."),
+        click.option("--command-timeout", type=click.FloatRange(min=1), default=None, metavar="S",
+                     help="Seconds any one command on a node may take before the node fails [default: 120 for "
+                          "a probe, 300 for a swap]."),
+        click.option("--verbose", "-v", "--debug", "verbose", count=True,
+                     help="Log each node command (its first line and size), how long it took and each "
+                          "connection to stderr; twice (-vv) prints whole commands too."),
     ]
     return with_options(*opts)(f)
 

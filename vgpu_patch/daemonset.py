@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import re
+import textwrap
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
@@ -36,13 +37,71 @@ _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 _EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
 DEFAULT_NODE_SELECTOR = {"gpu": "on"}  # HAMi's GPU node label
+# Kubernetes quantities (resource.Quantity): a non-negative decimal with a binary (Ki..Ei) or decimal (n..E)
+# suffix or an exponent; the schema carries the same pattern, so the chart refuses what the CLI refuses
+QUANTITY = r"^\+?([0-9]+(\.[0-9]*)?|\.[0-9]+)([KMGTPE]i|[numkMGTPE]|[eE][+-]?[0-9]+)?$"
+# image references as the container runtimes parse them (distribution/reference), split the way HAMi's chart is
+_REGISTRY = r"^(localhost|[A-Za-z0-9]([-A-Za-z0-9]*[A-Za-z0-9])?(\.[A-Za-z0-9]([-A-Za-z0-9]*[A-Za-z0-9])?)+)(:[0-9]+)?$"
+_REPOSITORY = r"^[a-z0-9]+([._-]+[a-z0-9]+)*(/[a-z0-9]+([._-]+[a-z0-9]+)*)*$"
+_TAG = r"^([A-Za-z0-9_][A-Za-z0-9_.-]{0,127}|sha256:[0-9a-f]{64})$"  # a tag, or a digest (rendered with @)
+PULL_POLICIES = ("IfNotPresent", "Always", "Never")
+
+
+@dataclass
+class ImageRef:
+    """The agent image as HAMi's chart spells images: `{registry, repository, tag, pullPolicy}`.
+
+    An empty registry is the runtime's default (docker.io); an empty tag is this version of vgpu-patch
+    (the chart's appVersion); a tag `sha256:<hex>` is a digest and renders as `repository@sha256:<hex>`.
+    """
+
+    registry: str = ""
+    repository: str = APP
+    tag: str = ""
+    pull_policy: str = "IfNotPresent"
+
+    @classmethod
+    def parse(cls, ref: str, pull_policy: str = "IfNotPresent") -> ImageRef:
+        """`[REGISTRY/]REPOSITORY[:TAG|@sha256:DIGEST]`, split as the runtimes do; a bad one is a UsageError."""
+        rest, at, digest = ref.partition("@")
+        registry = ""
+        first, slash, after = rest.partition("/")
+        if slash and ("." in first or ":" in first or first == "localhost"):
+            registry, rest = first, after
+        repo, tag = rest, ""
+        if ":" in rest.rsplit("/", 1)[-1]:
+            repo, tag = rest.rsplit(":", 1)
+        if at:
+            tag = digest
+        img = cls(registry, repo, tag, pull_policy)
+        img.check(f"--image {ref!r}")
+        return img
+
+    def check(self, what: str) -> None:
+        parts = (("registry", self.registry, _REGISTRY), ("repository", self.repository, _REPOSITORY),
+                 ("tag", self.tag, _TAG))
+        for part, value, pattern in parts:
+            if (value and not re.fullmatch(pattern, value)) or (part == "repository" and not value):
+                raise UsageError(f"{what}: bad {part} {value!r}; expected [REGISTRY[:PORT]/]REPOSITORY[:TAG] "
+                                 "with a lower-case repository, e.g. registry.example.com/vgpu-patch-agent:0.1.0")
+        if self.pull_policy not in PULL_POLICIES:
+            raise UsageError(f"{what}: pull policy {self.pull_policy!r}: one of {', '.join(PULL_POLICIES)}")
+
+    def reference(self) -> str:
+        tag = self.tag or __version__
+        name = f"{self.registry}/{self.repository}" if self.registry else self.repository
+        return f"{name}@{tag}" if tag.startswith("sha256:") else f"{name}:{tag}"
+
+    def values(self) -> dict[str, str]:
+        return {"registry": self.registry, "repository": self.repository, "tag": self.tag,
+                "pullPolicy": self.pull_policy}
 
 
 @dataclass
 class DaemonSetOptions:
     """Every knob of the manifests; the chart's values carry the same names (camelCase there, see VALUE_NAMES)."""
 
-    image: str = f"vgpu-patch-agent:{__version__}"
+    image: ImageRef = field(default_factory=ImageRef)
     namespace: str = SYSTEM_NAMESPACE
     name: str = APP
     node_selector: dict[str, str] = field(default_factory=lambda: dict(DEFAULT_NODE_SELECTOR))
@@ -76,7 +135,9 @@ VALUE_NAMES = {
 
 # one line per value in the generated values.yaml: the option it mirrors and what it does
 VALUE_HELP = {
-    "image": "--image: the agent image (one tag for amd64 and arm64: deploy/build-multiarch.sh)",
+    "image": "--image REF, --image-pull-policy: the agent image, split as HAMi's chart does (empty registry: the "
+             "runtime's default; empty tag: the chart's appVersion; tag sha256:<hex>: a digest). Build and push it "
+             "first (one tag for amd64 and arm64): deploy/build-multiarch.sh REGISTRY/vgpu-patch-agent:TAG --push",
     "fullnameOverride": "--name: name of the DaemonSet, ServiceAccount and ClusterRole",
     "nodeSelector": "--node-selector KEY=VALUE: node labels to run on; null = gpu=on (HAMi's GPU label); a map "
                     "replaces it, {} = all nodes",
@@ -104,7 +165,7 @@ def parse_node_selector(items: tuple[str, ...] | list[str]) -> dict[str, str]:
     out: dict[str, str] = {}
     for item in items:
         key, sep, value = item.partition("=")
-        if not sep or not _LABEL_KEY.match(key) or not _LABEL_VALUE.match(value):
+        if not sep or not _LABEL_KEY.fullmatch(key) or not _LABEL_VALUE.fullmatch(value):
             raise UsageError(f"--node-selector {item!r}: expected a label KEY=VALUE such as gpu=on or "
                              "nvidia.com/gpu.present=true")
         out[key] = value
@@ -117,7 +178,8 @@ def parse_toleration(spec: str) -> dict[str, str]:
         return {"operator": "Exists"}
     body, _, effect = spec.partition(":")
     key, eq, value = body.partition("=")
-    if not _LABEL_KEY.match(key) or (eq and not _LABEL_VALUE.match(value)) or (effect and effect not in _EFFECTS):
+    bad_value = eq and not _LABEL_VALUE.fullmatch(value)
+    if not _LABEL_KEY.fullmatch(key) or bad_value or (effect and effect not in _EFFECTS):
         raise UsageError(f"--toleration {spec!r}: expected KEY[=VALUE][:EFFECT] "
                          f"(effect one of {', '.join(_EFFECTS)}) or '*'")
     t = {"key": key, "operator": "Equal", "value": value} if eq else {"key": key, "operator": "Exists"}
@@ -145,21 +207,27 @@ def priority_class(opts: DaemonSetOptions) -> str | None:
 
 
 def _check(opts: DaemonSetOptions) -> None:
+    opts.image.check("--image")
+    for what, value in (("--cpu-limit", opts.cpu_limit), ("--memory-limit", opts.memory_limit),
+                        ("cpu request", opts.cpu_request), ("memory request", opts.memory_request)):
+        if not re.fullmatch(QUANTITY, value):
+            raise UsageError(f"{what} {value!r}: not a Kubernetes quantity; e.g. 200m or 0.5 (CPU), "
+                             "128Mi or 1Gi (memory)")
     for what, value in (("--namespace", opts.namespace), ("--name", opts.name)):
-        if not _DNS_LABEL.match(value):
+        if not _DNS_LABEL.fullmatch(value):
             raise UsageError(f"{what} {value!r}: must be a DNS label (lower-case letters, digits, '-')")
     if not opts.host_dir.startswith("/") or opts.host_dir.rstrip("/") in ("", "/usr", "/usr/local", "/etc"):
         raise UsageError(f"--host-dir {opts.host_dir!r}: give the library directory itself, e.g. /usr/local/vgpu")
-    if not re.match(r"^\d+%?$", opts.max_unavailable):
+    if not re.fullmatch(r"^\d+%?$", opts.max_unavailable):
         raise UsageError(f"--max-unavailable {opts.max_unavailable!r}: a count (1) or a percentage (10%)")
     pc = priority_class(opts)
     if pc and pc.startswith("system-") and opts.namespace != SYSTEM_NAMESPACE:
         raise UsageError(f"--priority-class {pc}: Kubernetes admits system-* priority classes only in kube-system by "
                          f"default; use --priority-class auto, '' or your own class for namespace {opts.namespace}")
-    if pc and not _DNS_SUBDOMAIN.match(pc):
+    if pc and not _DNS_SUBDOMAIN.fullmatch(pc):
         raise UsageError(f"--priority-class {pc!r}: not a valid PriorityClass name")
     for s in opts.image_pull_secrets:
-        if not _DNS_SUBDOMAIN.match(s):
+        if not _DNS_SUBDOMAIN.fullmatch(s):
             raise UsageError(f"--image-pull-secret {s!r}: not a valid Secret name")
 
 
@@ -225,8 +293,8 @@ def render(opts: DaemonSetOptions) -> dict[str, Any]:
         security["seLinuxOptions"] = dict(opts.selinux)
     container: dict[str, Any] = {
         "name": "agent",
-        "image": opts.image,
-        "imagePullPolicy": "IfNotPresent",
+        "image": opts.image.reference(),
+        "imagePullPolicy": opts.image.pull_policy,
         "command": ["vgpu-patch", "agent"],
         "args": agent_args(opts),
         "env": [{"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}],
@@ -335,8 +403,10 @@ def chart_values(opts: DaemonSetOptions | None = None) -> dict[str, Any]:
     in every selector (AND-ed with the user's labels) and `{}` could never clear it. Over null, the user's
     map replaces the default, as --node-selector does.
     """
-    d = asdict(opts or DaemonSetOptions())
+    opts = opts or DaemonSetOptions()
+    d = asdict(opts)
     values = {VALUE_NAMES[k]: d[k] for k in VALUE_NAMES}
+    values["image"] = opts.image.values()
     if values["nodeSelector"] == DEFAULT_NODE_SELECTOR:
         values["nodeSelector"] = None
     return values
@@ -352,6 +422,8 @@ def values_schema() -> dict[str, Any]:
         if f.name not in VALUE_NAMES:
             continue
         t = str(f.type)
+        if t == "ImageRef":
+            continue  # an object of its own, below
         if t.startswith("dict"):
             schema: dict[str, Any] = {"type": "object", "additionalProperties": {"type": "string"}}
         elif t.startswith("list[dict"):
@@ -362,14 +434,24 @@ def values_schema() -> dict[str, Any]:
             base = t.split("|")[0].strip()
             schema = {"type": [_SCHEMA_TYPES[base], "null"] if "None" in t else _SCHEMA_TYPES[base]}
         props[VALUE_NAMES[f.name]] = schema
+    props["image"] = {"type": "object", "additionalProperties": False, "required": ["repository"], "properties": {
+        "registry": {"type": "string", "pattern": f"^$|{_REGISTRY}"},
+        "repository": {"type": "string", "pattern": _REPOSITORY},
+        "tag": {"type": "string", "pattern": f"^$|{_TAG}"},
+        "pullPolicy": {"enum": list(PULL_POLICIES)}}}
+    # names pasted into the pod spec: a pattern (no newline, no YAML) besides the templates' quoting
+    props["fullnameOverride"] = {"type": "string", "pattern": _DNS_LABEL.pattern}
+    props["priorityClassName"] = {"type": ["string", "null"], "pattern": f"^(auto|{_DNS_SUBDOMAIN.pattern[1:-1]})?$"}
+    props["sha256"] = {"type": ["string", "null"], "pattern": "^[0-9a-fA-F]{64}$"}
+    props["hostDir"] = {"type": "string", "pattern": "^/[^\\n]*$"}
     props["nodeSelector"] = {"type": ["object", "null"], "additionalProperties": {"type": "string"}}  # null: gpu=on
     props["interval"] = {"type": "number", "minimum": 0.5}
     props["metricsPort"] = {"type": ["integer", "null"], "minimum": 1, "maximum": 65535}  # null: no port, exec probes
     props["global"] = {"type": "object"}  # helm passes `global` to a chart used as a dependency
     # `helm --set maxUnavailable=2` or `--set cpuLimit=1` gives numbers: both spellings are fine there
     props["maxUnavailable"] = {"type": ["string", "integer"], "pattern": r"^\d+%?$"}
-    for key in ("cpuRequest", "memoryRequest", "cpuLimit", "memoryLimit"):
-        props[key] = {"type": ["string", "number"]}
+    for key in ("cpuRequest", "memoryRequest", "cpuLimit", "memoryLimit"):  # a pattern applies to strings only
+        props[key] = {"type": ["string", "number"], "minimum": 0, "pattern": QUANTITY}
     return {"$schema": "http://json-schema.org/draft-07/schema#", "type": "object", "additionalProperties": False,
             "properties": props}
 
@@ -381,7 +463,7 @@ def chart_files() -> dict[str, str]:
     head = "# Generated from vgpu_patch/daemonset.py (DaemonSetOptions) by `vgpu-patch daemonset --write-chart`.\n"
     values = head + "# Each key is an option of `vgpu-patch daemonset`; the namespace is the release's (helm -n).\n"
     for key, value in chart_values().items():
-        values += f"\n# {VALUE_HELP[key]}\n"
+        values += "\n" + "".join(f"# {line}\n" for line in textwrap.wrap(VALUE_HELP[key], 116))
         values += yaml.safe_dump({key: value}, sort_keys=False, default_flow_style=False, width=120)
     chart = head + yaml.safe_dump({
         "apiVersion": "v2", "name": APP,

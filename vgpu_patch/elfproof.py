@@ -11,6 +11,7 @@ from pathlib import Path
 from .elf import facts as elf_facts
 from .elf.glibc import release_of, requirements_of, version_key
 from .errors import BuildError
+from .install import extra_hint
 
 
 @dataclass
@@ -64,7 +65,7 @@ def prove(path: Path, *, machine: str, glibc: str | None, exports: list[str] | N
         if too_new:
             raise BuildError(
                 f"{where} needs {', '.join(too_new)} but the floor is glibc {glibc}: "
-                "build with `--compiler zig` (pip install 'vgpu-patch[build]') or on a host with an older glibc"
+                f"build with `--compiler zig` ({extra_hint('build')}) or on a host with an older glibc"
             )
     if facts.exec_stack:
         raise BuildError(f"{where} asks for an executable stack: mark every .S file with .note.GNU-stack")

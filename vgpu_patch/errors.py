@@ -2,8 +2,10 @@
 
 Exit codes (the contract scripts rely on; also printed in `vgpu-patch --help`):
   0  success, nothing left to do
-  1  the operation failed (or `--dry-run` found changes pending)
-  2  usage error: bad option, malformed value
+  1  the operation failed: a file that exists but is not what it should be, a node that failed
+     (or `--dry-run` found changes pending)
+  2  usage error, found before anything is read or touched: an unknown option, a malformed value,
+     a file or directory named on the command line that does not exist
   3  a fleet run where some nodes succeeded and some failed
   4  `check` found a blocking incompatibility (see `vgpu-patch check --help` for its bitmask)
 

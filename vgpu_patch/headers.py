@@ -64,10 +64,11 @@ def find_header_dirs(toolkits: list[Path] | None = None, wheels: list[Path] | No
     if cuda and nvml:
         return [cuda[0].resolve(), nvml[0].resolve()]
     tried = ", ".join(str(d) for d in cands) or "no candidate directories"
+    from .install import extra_hint
+
     raise BuildError(
         "CUDA/NVML headers not found (need cuda.h and nvml.h; tried " + tried + "): "
-        "install a CUDA toolkit and set CUDA_HOME, or run `pip install 'vgpu-patch[build]'` (the nvidia-cuda-runtime "
-        "and nvidia-nvml-dev wheels)"
+        f"install a CUDA toolkit and set CUDA_HOME, or {extra_hint('build')}"
     )
 
 

@@ -25,9 +25,17 @@ ARCHES: dict[str, tuple[str, str, tuple[str, ...]]] = {
 }
 FLOORS = ("2.17", "2.28")
 DEFAULT_FLOOR = "2.28"
-# the [build] extra carries zig and the CUDA/NVML headers; a missing extra is named, never a traceback
-BUILD_EXTRA = "pip install 'vgpu-patch[build]'"
-INSTALL_HINT = f"install one: `{BUILD_EXTRA}` (zig: any glibc floor, any arch) or `apt-get install gcc`"
+
+
+def build_extra() -> str:
+    """The [build] extra (zig and the CUDA/NVML headers), with the pip command that works for this install."""
+    from .install import extra_hint
+
+    return extra_hint("build")
+
+
+def install_hint() -> str:
+    return f"{build_extra()} (zig: any glibc floor, any arch), or `apt-get install gcc`"
 
 
 def version_tuple(v: str) -> tuple[int, ...]:
@@ -108,10 +116,10 @@ def _run_version(argv: list[str]) -> str:
     try:
         p = subprocess.run(argv, capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired) as e:
-        raise BuildError(f"compiler {argv[0]} cannot run ({e}): {INSTALL_HINT}") from None
+        raise BuildError(f"compiler {argv[0]} cannot run ({e}): {install_hint()}") from None
     out = (p.stdout or p.stderr).strip().splitlines()
     if p.returncode != 0 or not out:
-        raise BuildError(f"compiler {' '.join(argv)} failed (exit {p.returncode}): {INSTALL_HINT}")
+        raise BuildError(f"compiler {' '.join(argv)} failed (exit {p.returncode}): {install_hint()}")
     return out[0].strip()
 
 
@@ -147,7 +155,7 @@ def _gcc_like(path: str, arch: str, glibc: str | None) -> Toolchain:
     target_arch = machine.split("-")[0].lower()
     if target_arch not in ARCHES[arch][2]:
         raise BuildError(
-            f"compiler {path} targets {machine}, not {arch}: use `--compiler zig` (pip install 'vgpu-patch[build]') "
+            f"compiler {path} targets {machine}, not {arch}: use `--compiler zig` ({build_extra()}) "
             f"or a {arch} cross compiler"
         )
     return Toolchain("gcc", [path], version, arch, glibc, triple=machine)
@@ -162,11 +170,11 @@ def resolve(compiler: str | None, arch: str | None, glibc: str | None) -> Toolch
     if compiler == "zig":
         base = _zig_argv()
         if base is None:
-            raise BuildError(f"zig not found (tried `python -m ziglang` and `zig` on PATH): run `{BUILD_EXTRA}`")
+            raise BuildError(f"zig not found (tried `python -m ziglang` and `zig` on PATH): {build_extra()}")
         return _zig(base, arch, glibc)
     path = shutil.which(compiler)
     if path is None:
-        raise BuildError(f"compiler {compiler!r} not found (not on PATH, not an executable file): {INSTALL_HINT}")
+        raise BuildError(f"compiler {compiler!r} not found (not on PATH, not an executable file): {install_hint()}")
     if Path(path).name.startswith("zig"):
         return _zig([path], arch, glibc)
     return _gcc_like(path, arch, glibc)
@@ -185,6 +193,6 @@ def _auto(arch: str, glibc: str | None) -> Toolchain:
     if gcc and not native_ok:
         raise BuildError(
             f"building for {arch} glibc {glibc} on a {host_arch()} glibc {hg} host needs zig, which is "
-            "not installed: run `pip install 'vgpu-patch[build]'`"
+            f"not installed: {build_extra()}"
         )
-    raise BuildError(f"no C compiler found (tried `python -m ziglang`, zig, gcc, cc on PATH): {INSTALL_HINT}")
+    raise BuildError(f"no C compiler found (tried `python -m ziglang`, zig, gcc, cc on PATH): {install_hint()}")

@@ -169,3 +169,35 @@ def test_ambiguous_directory_is_an_error_not_a_guess(image: Image, host: Host, v
     doc = json.loads(status_file.read_text())
     assert doc["state"] == "error" and doc["errors"] == 1 and not doc["ready"]
     assert all(sha(p) == sha(vendor) for p in host.libdir.glob("libvgpu.so*")) and host.history() == []
+
+
+SSH_STACK = ("paramiko", "cryptography", "bcrypt", "nacl", "invoke")  # the image leaves them out (~25 MB)
+_BLOCK = f"""
+import sys
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in {SSH_STACK!r}:
+            raise ImportError(f"the agent image has no {{name}}")
+sys.meta_path.insert(0, Block())
+from vgpu_patch.cli import main
+try:
+    main(sys.argv[1:])
+except SystemExit as e:
+    loaded = sorted(m for m in sys.modules if m.split(".")[0] in {SSH_STACK!r})
+    print("LOADED", loaded, file=sys.stderr)
+    raise
+"""
+
+
+@pytest.mark.parametrize("mode", [["--once", "--json"], ["--probe"], ["--rollback", "--json"], ["--help"]])
+def test_the_agent_runs_without_the_ssh_stack(mode: list[str], image: Image, host: Host, tmp_path: Path) -> None:
+    """deploy/Dockerfile installs the tool without paramiko and its crypto: the agent must never import them."""
+    import subprocess
+    import sys
+
+    if mode[0] != "--once":  # probe and rollback act on an installed library
+        assert CliRunner().invoke(cli, args(image, host, "--once", "--status-file", str(tmp_path / "s"))).exit_code == 0
+    argv = ["agent", *args(image, host, *mode, "--status-file", str(tmp_path / "status.json"))]
+    out = subprocess.run([sys.executable, "-c", _BLOCK, *argv], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "LOADED []" in out.stderr

@@ -17,6 +17,7 @@ from helm_bin import Helm
 from vgpu_patch import __version__
 from vgpu_patch.daemonset import (
     DaemonSetOptions,
+    ImageRef,
     chart_files,
     chart_values,
     parse_toleration,
@@ -31,7 +32,9 @@ K8S_VERSIONS = tuple(dict.fromkeys(("1.25.0", "1.28.0", "1.31.0", "1.35.0", kv.l
 
 CASES: dict[str, DaemonSetOptions] = {
     "defaults": DaemonSetOptions(),
-    "gpu-ops-rbac": DaemonSetOptions(namespace="gpu-ops", rbac=True, image="reg.example/vgpu-patch-agent:1.2"),
+    "gpu-ops-rbac": DaemonSetOptions(namespace="gpu-ops", rbac=True,
+                                     image=ImageRef.parse("reg.example/vgpu-patch-agent:1.2", "Always")),
+    "image-by-digest": DaemonSetOptions(image=ImageRef.parse(f"localhost:5000/ops/agent@sha256:{'c' * 64}")),
     "no-metrics-no-hostpid": DaemonSetOptions(metrics_port=None, host_pid=False, interval=45.0, sha256="ab" * 32),
     "fleet-knobs": DaemonSetOptions(
         namespace="gpu-ops", priority_class="gpu-agents", node_selector={"nvidia.com/gpu.present": "true"},
@@ -120,6 +123,16 @@ def test_helm_lint_strict(case: str, helm: Helm, tmp_path: Path) -> None:
     ("maxUnavailable=many", "at '/maxUnavailable'"),
     ("tolerations=all", "at '/tolerations'"),
     ("nodeSelektor.gpu=on", "additional properties 'nodeSelektor' not allowed"),
+    ("image=reg.example/agent:1", "at '/image': got string, want object"),
+    ("image.repository=Agent", "at '/image/repository'"),
+    ("image.tag=1 2", "at '/image/tag'"),
+    ("image.pullPolicy=Sometimes", "at '/image/pullPolicy'"),
+    ("image.registry=reg example", "at '/image/registry'"),
+    ("memoryLimit=12XB", "at '/memoryLimit'"),
+    ("cpuLimit=lots", "at '/cpuLimit'"),
+    ("cpuRequest=-1", "at '/cpuRequest'"),
+    ("fullnameOverride=Agent_1", "at '/fullnameOverride'"),
+    ("priorityClassName=gpu agents", "at '/priorityClassName'"),
 ])
 def test_helm_enforces_the_values_schema(setting: str, complaint: str, helm: Helm) -> None:
     """values.schema.json is checked by helm itself, before any template runs."""
@@ -164,3 +177,78 @@ def test_a_node_selector_replaces_the_default_one(helm: Helm) -> None:
     assert got["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
     assert pod_spec(helm.template(CHART, "--set", "nodeSelector=null"))["nodeSelector"] == {"gpu": "on"}
     assert pod_spec(helm.template(CHART, "--set-json", "nodeSelector={}"))["nodeSelector"] == {}
+
+
+def test_set_image_parts_like_hamis_chart(helm: Helm) -> None:
+    """`--set image.registry=…,image.repository=…,image.tag=…` give the CLI's `--image REF` objects."""
+    got = helm.template(CHART, "-n", "kube-system", "--set",
+                        "image.registry=registry.example.com:5000,image.repository=ops/vgpu-patch-agent,"
+                        "image.tag=0.1.0-rc1,image.pullPolicy=Always")
+    want = DaemonSetOptions(image=ImageRef.parse("registry.example.com:5000/ops/vgpu-patch-agent:0.1.0-rc1", "Always"))
+    assert got == render_all(want)
+    (container,) = pod_spec(got)["containers"]
+    assert container["image"] == "registry.example.com:5000/ops/vgpu-patch-agent:0.1.0-rc1"
+    assert container["imagePullPolicy"] == "Always"
+    only_repo = pod_spec(helm.template(CHART, "--set", "image.repository=mirror/agent"))["containers"][0]["image"]
+    assert only_repo == f"mirror/agent:{__version__}"  # an empty tag is the chart's appVersion
+
+
+INJECTIONS = {"priorityClassName": "x\nhostNetwork: true", "fullnameOverride": "agent\nhostNetwork: true",
+              "sha256": "ab\nhostNetwork: true", "hostDir": "/srv/x\nhostNetwork: true",
+              "maxUnavailable": "1\nhostNetwork: true", "cpuLimit": "1\nhostNetwork: true"}
+
+
+@pytest.mark.parametrize("key", list(INJECTIONS))
+def test_a_value_with_a_newline_is_refused_and_never_becomes_yaml(key: str, helm: Helm, tmp_path: Path) -> None:
+    """The schema refuses the value; with the schema skipped, the template's quoting still keeps it one string."""
+    values = tmp_path / "values.yaml"
+    values.write_text(yaml.safe_dump({key: INJECTIONS[key]}))
+    out = helm.run("template", "vgpu-patch-agent", str(CHART), "-n", "kube-system", "-f", str(values))
+    assert out.returncode != 0 and f"at '/{key}'" in out.stderr
+    skipped = helm.run("template", "vgpu-patch-agent", str(CHART), "-n", "kube-system", "-f", str(values),
+                       "--skip-schema-validation")
+    if skipped.returncode == 0:  # else a template refused it: no YAML came out at all
+        docs = [d for d in yaml.safe_load_all(skipped.stdout) if d]
+        assert "hostNetwork" not in pod_spec(docs)
+
+
+def test_notes_say_how_to_build_push_and_use_the_image(helm: Helm) -> None:
+    """`helm install` prints NOTES.txt: the build script exists, and its --set line gives the tag it pushes."""
+    out = helm.check("install", "agent", str(CHART), "-n", "kube-system", "--dry-run=client",
+                     "--set", "image.registry=registry.example.com")
+    notes = out[out.index("NOTES:"):]
+    assert "image registry.example.com/vgpu-patch-agent:0.1.0." in " ".join(notes.split())
+    build = next(ln.split() for ln in notes.splitlines() if "build-multiarch.sh" in ln)
+    assert (CHART.parents[1] / build[0]).is_file() and build[2] == "--push"
+    setting = next(ln.split("--set ")[1] for ln in notes.splitlines() if "--set image.registry=" in ln)
+    got = pod_spec(helm.template(CHART, "--set", setting.replace("REGISTRY", "reg.example")))["containers"][0]
+    assert got["image"] == build[1].replace("REGISTRY", "reg.example")
+
+
+DOCS_WITH_HELM = ["README.md", "docs/fleet.md", "charts/vgpu-patch-agent/README.md"]
+
+
+@pytest.mark.parametrize("doc", DOCS_WITH_HELM)
+def test_documented_helm_install_gives_the_documented_daemonset(doc: str, helm: Helm) -> None:
+    """Each doc's `helm install …` line, run (`--dry-run=client`), renders the objects of the doc's
+    `vgpu-patch daemonset --image … [--rbac]` line: the two are the same install."""
+    import shlex
+
+    from click.testing import CliRunner
+
+    from vgpu_patch.commands.daemonset import cli as daemonset
+
+    text = (CHART.parents[1] / doc).read_text().replace("\\\n", " ")
+    install = shlex.split(next(ln for ln in text.splitlines() if ln.startswith("helm install")).split("#")[0])
+    cli_line = next(ln for ln in text.splitlines() if ln.startswith("vgpu-patch daemonset --image"))
+    cli_args = shlex.split(cli_line.split("|")[0].split(" -o ")[0])[2:]
+    assert ("rbac=true" in " ".join(install)) == ("--rbac" in cli_args), "the two lines ask for different RBAC"
+    chart_arg = install.index("charts/vgpu-patch-agent")
+    install[chart_arg] = str(CHART)
+    out = helm.check(*install[1:], "--dry-run=client")
+    rendered = [d for d in yaml.safe_load_all(out.split("NOTES:")[0].split("MANIFEST:")[1]) if d]
+    res = CliRunner().invoke(daemonset, [*cli_args, "--json"])
+    assert res.exit_code == 0, res.output
+    doc_json = json.loads(res.stdout)
+    want = doc_json["items"] if doc_json["kind"] == "List" else [doc_json]
+    assert by_kind(rendered) == by_kind(want)

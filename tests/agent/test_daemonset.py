@@ -84,11 +84,35 @@ def test_options_reach_the_manifest() -> None:
                                   ["--host-dir", "/usr"], ["--sha256", "xyz"], ["--max-unavailable", "many"],
                                   ["--namespace", "gpu-ops", "--priority-class", "system-node-critical"],
                                   ["--toleration", "a=b:Sometimes"], ["--selinux", "colour=red"],
-                                  ["--image-pull-secret", "Bad Name"]])
+                                  ["--image-pull-secret", "Bad Name"],
+                                  ["--memory-limit", "12XB"], ["--cpu-limit", "lots"], ["--cpu-limit", "-1"],
+                                  ["--memory-limit", "128Mi\n"], ["--name", "agent\n"],
+                                  ["--image", "Reg.Example/Agent:1"], ["--image", "agent:bad tag"]])
 def test_bad_options_are_usage_errors(argv: list[str]) -> None:
     proc = subprocess.run([sys.executable, "-m", "vgpu_patch.cli", "daemonset", *argv], capture_output=True, text=True)
     assert proc.returncode == 2, proc.stderr
     assert proc.stdout == "" and len(proc.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(("ref", "want"), [
+    ("reg.example/agent:9", "reg.example/agent:9"),
+    ("localhost:5000/ops/agent", "localhost:5000/ops/agent:0.1.0"),  # no tag: this version
+    ("library/agent:1.2", "library/agent:1.2"),  # no dot, colon or localhost: a path, not a registry
+    (f"reg.example:443/agent@sha256:{'d' * 64}", f"reg.example:443/agent@sha256:{'d' * 64}"),
+])
+def test_image_reference_is_split_as_the_chart_spells_it(ref: str, want: str) -> None:
+    from vgpu_patch.daemonset import ImageRef
+
+    img = ImageRef.parse(ref)
+    assert img.reference() == want
+    assert render("--image", ref, "--image-pull-policy", "Always")["spec"]["template"]["spec"]["containers"][0][
+        "imagePullPolicy"] == "Always"
+
+
+@pytest.mark.parametrize("quantity", ["200m", "0.5", "1", "128Mi", "1Gi", "1e3", "1.5G", ".5"])
+def test_kubernetes_quantities_are_taken(quantity: str) -> None:
+    c = render("--cpu-limit", quantity, "--memory-limit", quantity)["spec"]["template"]["spec"]["containers"][0]
+    assert c["resources"]["limits"] == {"cpu": quantity, "memory": quantity}
 
 
 def test_json_output_is_one_document(tmp_path: Path) -> None:
@@ -117,7 +141,8 @@ def test_dockerfile_matches_the_agent() -> None:
     assert copy.group(1) == default_manifest(Path("libvgpu.so")).name  # the manifest the agent reads
     assert 'ENTRYPOINT ["vgpu-patch", "agent"]' in text
     # the core install, pinned, offline, checked; and every subcommand's --help runs in the image
-    assert "pip install --no-index --find-links /tmp/wheels -c /tmp/agent-constraints.txt vgpu-patch" in text
+    # the tool without its dependencies, then the agent's pins (no paramiko), offline, checked
+    assert "pip install --no-index --find-links /tmp/wheels --no-deps vgpu-patch -r /tmp/agent-constraints.txt" in text
     assert "pip check" in text
     from vgpu_patch.cli import COMMANDS
 
@@ -126,7 +151,7 @@ def test_dockerfile_matches_the_agent() -> None:
 
 
 
-def test_agent_constraints_pin_every_core_dependency() -> None:
+def test_agent_constraints_pin_every_core_dependency_but_the_ssh_stack() -> None:
     tomllib = pytest.importorskip("tomllib")  # Python 3.11+
 
     deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
@@ -138,7 +163,8 @@ def test_agent_constraints_pin_every_core_dependency() -> None:
             pins[re.sub(r"[-_.]+", "-", name).lower()] = version
     for dep in deps:
         name = re.sub(r"[-_.]+", "-", re.split(r"[<>=!~; \[]", dep)[0]).lower()
-        assert name in pins, f"{dep} is not pinned in deploy/agent-constraints.txt"
+        assert name in pins or name == "paramiko", f"{dep} is not pinned in deploy/agent-constraints.txt"
+    assert not {"paramiko", "cryptography", "bcrypt", "pynacl", "invoke", "cffi", "pycparser"} & set(pins)
 
 
 @pytest.mark.parametrize("command", ["agent", "daemonset"])

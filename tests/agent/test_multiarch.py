@@ -31,7 +31,7 @@ while [ $# -gt 0 ]; do
 done
 mkdir -p "$d"
 if [ -z "$p" ]; then [ -f "$last/pyproject.toml" ] && : > "$d/vgpu_patch-0.1.0-py3-none-any.whl"
-else : > "$d/cryptography-50.0.2-cp311-abi3-$p.whl"; fi
+else : > "$d/PyYAML-6.0.4-cp311-cp311-$p.whl"; fi
 """
 FAKE_ENGINE = """#!/bin/sh
 # record the call and, for a build, the library and the wheels its context carries
@@ -75,9 +75,11 @@ def test_docker_buildx_recipe(tmp_path: Path) -> None:
     pip = [ln for ln in lines if ln.startswith("python -m pip")]
     assert [ln.split()[3] for ln in pip] == ["wheel", "download", "download"]
     assert "--platform manylinux_2_34_x86_64" in pip[1] and "--platform manylinux_2_34_aarch64" in pip[2]
-    assert all("-c " in ln and "agent-constraints.txt" in ln and "--only-binary=:all:" in ln for ln in pip[1:])
+    # the agent's pins only (-r), not the tool's dependencies: no paramiko in the image
+    assert all(ln.endswith("-r " + str(REPO / "deploy" / "agent-constraints.txt")) and "--only-binary=:all:" in ln
+               for ln in pip[1:])
     assert [ln for ln in lines if ln.startswith("wheels ")] == [
-        f"wheels cryptography-50.0.2-cp311-abi3-manylinux_2_34_{m}.whl vgpu_patch-0.1.0-py3-none-any.whl"
+        f"wheels PyYAML-6.0.4-cp311-cp311-manylinux_2_34_{m}.whl vgpu_patch-0.1.0-py3-none-any.whl"
         for m in ("x86_64", "aarch64")]
     assert not any("BASE_IMAGE" in ln for ln in buildx)  # the Dockerfile's pinned default
     assert lines[-1] == ("docker buildx imagetools create -t reg.example/vgpu-patch-agent:0.1.0 "

@@ -77,7 +77,8 @@ def test_bad_input_is_one_line_exit_1(kind: str, built: dict[str, Path], tmp_pat
                                       request: pytest.FixtureRequest) -> None:
     path, extra = _make(kind, built, tmp_path, request)
     result = cli_runner().invoke(cli, [str(path), *extra])
-    assert result.exit_code == 1, (result.stdout, result.stderr)
+    # a path that does not exist is a usage error, as in every command (docs/cli-reference.md#exit-codes)
+    assert result.exit_code == (2 if kind == "missing" else 1), (result.stdout, result.stderr)
     assert result.exception is None or isinstance(result.exception, SystemExit)
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("vgpu-patch: error: "), result.stderr

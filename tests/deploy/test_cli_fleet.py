@@ -147,6 +147,31 @@ def test_dry_run_prints_the_plan_and_exits_1(tmp_path: Path, libs) -> None:
     assert res.exit_code == 1 and "no backup to roll back to" in res.stdout
 
 
+def test_dry_run_plan_is_numbered_steps_per_node(tmp_path: Path, libs) -> None:
+    """As `terraform plan` / `ansible --check` show it: the node, then its steps in order, no table cell of
+    prose; the texts are --json's plan; -v adds each step's shell (what the swap script is made of)."""
+    root = tmp_path / "node"
+    make_node(root, libs["vendor"])
+    args = ["deploy", "--no-check", "--local", str(root), "--dry-run", str(libs["v1"])]
+    doc = json.loads(run(*args, "--json").stdout)
+    plan = [st for st in doc["nodes"][0]["result"]["plan"] if st["kind"] not in ("prepare", "report")]
+    res = run(*args)
+    assert res.exit_code == 1 and "┃" not in res.stdout and "│" not in res.stdout
+    lines = res.stdout.splitlines()
+    assert lines[2] == (f"local:{root}: pending, {sha(libs['vendor'])[:12]} -> {sha(libs['v1'])[:12]} "
+                        "(/usr/local/vgpu/libvgpu.so)")
+    numbered = [ln for ln in lines if ln[:5].strip().rstrip(".").isdigit()]
+    assert [int(ln.split(".")[0]) for ln in numbered] == list(range(1, len(plan) + 1))
+    joined = " ".join(res.stdout.split())
+    for i, st in enumerate(plan, 1):
+        assert f"{i}. {st['kind']} {' '.join(st['text'].split())}" in joined
+    assert lines[-1].startswith("pending: 1")
+    verbose = run(*args, "-v").stdout
+    for st in doc["nodes"][0]["result"]["plan"]:
+        for sh_line in st["sh"].splitlines():
+            assert f"| {sh_line}" in verbose
+
+
 def test_max_fail_and_batches_over_real_nodes(fleet, libs) -> None:
     base, servers = fleet
     inv, dirs = setup_nodes(base, servers, libs["vendor"], missing={0, 1})

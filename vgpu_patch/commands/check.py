@@ -19,8 +19,8 @@ Examples:
 \b
 Exit status (a bitmask, like abidiff's):
   0  every rule passed (warnings allowed unless --strict)
-  1  tool error: missing/empty/truncated/non-ELF/32-bit/wrong-arch file
-  2  usage error
+  1  tool error: empty/truncated/non-ELF/32-bit/wrong-arch file
+  2  usage error (also a file that does not exist)
   4  incompatible: some rule failed
   8  --strict only: some rule warned (12 = 4|8)
 """
@@ -50,9 +50,13 @@ def cli(ctx: click.Context, candidate: Path, vendor: Path | None, glibc: str, gl
     missing, hidden or extra, no data objects); symbol versions; the GLIBC_x.y floor and GLIBC_PRIVATE;
     the x86 ISA level. Prints one line per rule (pass/warn/fail/info), or one JSON document with --json.
     """
+    from ..cli_options import existing_path
     from ..elfcheck import check_file, glibc_floor_of_libc, render_table  # keeps `--help` fast
 
     try:
+        for role, path in (("candidate", candidate), ("vendor", vendor), ("--glibc-from", glibc_from),
+                           ("--glibc-from-image", glibc_from_image)):
+            existing_path(role, path)
         source = None
         libc = glibc_from or glibc_from_image
         if glibc_from and glibc_from_image:

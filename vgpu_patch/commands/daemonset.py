@@ -20,12 +20,17 @@ Examples:
   vgpu-patch daemonset --write-chart charts/vgpu-patch-agent
 
 \b
-Exit codes: 0 written; 2 usage error (bad label, name or path).
+Exit codes: 0 written; 2 usage error (bad label, name, path, image reference or quantity).
 """
 
 
 @click.command("daemonset", epilog=EPILOG)
-@click.option("--image", default=None, help="Agent image [default: vgpu-patch-agent:<version>].")
+@click.option("--image", default=None, metavar="[REGISTRY/]REPOSITORY[:TAG|@sha256:DIGEST]",
+              help="Agent image; the chart's image.registry, image.repository and image.tag "
+                   "[default: vgpu-patch-agent:<version>, which no registry has: build and push it with "
+                   "deploy/build-multiarch.sh].")
+@click.option("--image-pull-policy", type=click.Choice(["IfNotPresent", "Always", "Never"]), default="IfNotPresent",
+              show_default=True, help="The container's imagePullPolicy (the chart's image.pullPolicy).")
 @click.option("--namespace", default="kube-system", show_default=True, help="Namespace of the DaemonSet.")
 @click.option("--name", default="vgpu-patch-agent", show_default=True, help="Name of the DaemonSet.")
 @click.option("--node-selector", "node_selector", multiple=True, metavar="KEY=VALUE",
@@ -38,8 +43,9 @@ Exit codes: 0 written; 2 usage error (bad label, name or path).
               help="Prometheus metrics port; 0 turns metrics off.")
 @click.option("--max-unavailable", default="1", show_default=True,
               help="Rolling update: nodes updated at once (N or N%).")
-@click.option("--cpu-limit", default="200m", show_default=True, help="Container CPU limit.")
-@click.option("--memory-limit", default="128Mi", show_default=True, help="Container memory limit.")
+@click.option("--cpu-limit", default="200m", show_default=True, help="Container CPU limit (a Kubernetes quantity).")
+@click.option("--memory-limit", default="128Mi", show_default=True,
+              help="Container memory limit (a Kubernetes quantity).")
 @click.option("--priority-class", default="auto", show_default=True,
               help="Pod priority class; auto = system-node-critical in kube-system (the only namespace that admits "
                    "system-* classes by default) and none elsewhere; empty for none.")
@@ -61,7 +67,8 @@ Exit codes: 0 written; 2 usage error (bad label, name or path).
 @click.option("-o", "--output", type=click.Path(dir_okay=False, allow_dash=True, path_type=Path), default=Path("-"),
               show_default=True, help="Write the manifest here ('-' = stdout).")
 @json_option
-def cli(image: str | None, namespace: str, name: str, node_selector: tuple[str, ...], host_dir: str, sha256: str | None,
+def cli(image: str | None, image_pull_policy: str, namespace: str, name: str,
+        node_selector: tuple[str, ...], host_dir: str, sha256: str | None,
         interval: float, metrics_port: int, max_unavailable: str, cpu_limit: str, memory_limit: str,
         priority_class: str, tolerations: tuple[str, ...], pull_secrets: tuple[str, ...], selinux: tuple[str, ...],
         host_pid: bool, rbac: bool, write_chart: Path | None, output: Path, as_json: bool) -> None:
@@ -76,6 +83,7 @@ def cli(image: str | None, namespace: str, name: str, node_selector: tuple[str, 
     """
     from ..daemonset import (
         DaemonSetOptions,
+        ImageRef,
         chart_files,
         parse_node_selector,
         parse_selinux,
@@ -101,8 +109,7 @@ def cli(image: str | None, namespace: str, name: str, node_selector: tuple[str, 
         tolerations=[parse_toleration(t) for t in tolerations], image_pull_secrets=list(pull_secrets),
         selinux=parse_selinux(selinux), host_pid=host_pid, rbac=rbac,
     )
-    if image:
-        opts.image = image
+    opts.image = ImageRef.parse(image, image_pull_policy) if image else ImageRef(pull_policy=image_pull_policy)
     if node_selector:
         opts.node_selector = parse_node_selector(node_selector)
     if as_json:

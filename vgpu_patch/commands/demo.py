@@ -2,22 +2,25 @@
 from __future__ import annotations
 
 import shlex
+import shutil
 import tempfile
 from pathlib import Path
 
 import click
 
 from ..demo import prepare_node
-from ..errors import EXIT_OK, VgpuPatchError
+from ..errors import EXIT_FAILED, EXIT_OK, VgpuPatchError
 
 EPILOG = """\b
 Examples:
   vgpu-patch demo                       # in a fresh temporary directory
   vgpu-patch demo --workdir /tmp/vgpu-demo
 \b
-Runs, in order: build, check, deploy --local NODE, status --local NODE, rollback --local NODE --yes,
-status --local NODE. NODE is a fake node root whose /usr/local/vgpu/libvgpu.so starts as a stand-in
-for the vendor library. Exit code: 0 when every step succeeded, else the failing step's code.
+Runs, in order: build, check --vendor (against the node's vendor stand-in), deploy --dry-run, deploy,
+status, rollback --yes, status, all with --local NODE. NODE is a fake node root whose
+/usr/local/vgpu/libvgpu.so starts as a stand-in for the vendor library. A temporary directory is removed
+at the end; a --workdir is kept. Exit code: 0 when every step did what it should, else the failing
+step's code.
 """
 
 
@@ -50,21 +53,31 @@ def cli(workdir: Path | None, compiler: str | None) -> None:
     Example: vgpu-patch demo --workdir /tmp/vgpu-demo
     """
     work = Path(workdir or tempfile.mkdtemp(prefix="vgpu-demo-")).resolve()
+    try:
+        _run(work, compiler)
+    finally:
+        if workdir is None:
+            shutil.rmtree(work, ignore_errors=True)
+    kept = f"files kept in {work}" if workdir else "temporary files removed (--workdir DIR keeps them)"
+    click.secho(f"\ndemo finished: the node is back on the vendor stand-in; {kept}", err=True)
+
+
+def _run(work: Path, compiler: str | None) -> None:
     out, node = work / "out", work / "node"
     live = prepare_node(node, compiler=compiler)
     click.echo(f"demo workdir {work}; fake node root {node}; vendor stand-in at {live}", err=True)
     lib = str(out / "libvgpu.so")
     build = ["build", "-o", str(out)] + (["--compiler", compiler] if compiler else [])
-    steps = [
-        build,
-        ["check", lib],
-        ["deploy", "--local", str(node), lib],
-        ["status", "--local", str(node)],
-        ["rollback", "--local", str(node), "--yes"],
-        ["status", "--local", str(node)],
+    steps = [  # each with the exit code it must give (a dry run with changes pending says so with 1)
+        (build, EXIT_OK),
+        (["check", lib, "--vendor", str(live)], EXIT_OK),  # the file it will replace, as on a real node
+        (["deploy", "--local", str(node), "--dry-run", lib], EXIT_FAILED),
+        (["deploy", "--local", str(node), lib], EXIT_OK),
+        (["status", "--local", str(node)], EXIT_OK),
+        (["rollback", "--local", str(node), "--yes"], EXIT_OK),
+        (["status", "--local", str(node)], EXIT_OK),
     ]
-    for args in steps:
+    for args, want in steps:
         code = _step(args)
-        if code != EXIT_OK:
-            raise click.exceptions.Exit(code)
-    click.secho(f"\ndemo finished: the node is back on the vendor stand-in; files kept in {work}", err=True)
+        if code != want:
+            raise click.exceptions.Exit(code or EXIT_FAILED)

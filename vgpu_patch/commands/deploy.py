@@ -3,11 +3,19 @@ from __future__ import annotations
 
 import click
 
-from ..cli_options import dry_run_option, emit_json, fleet_options, json_option, stale_option, target_options
+from ..cli_options import (
+    dry_run_option,
+    emit_json,
+    existing_path,
+    fleet_options,
+    json_option,
+    stale_option,
+    target_options,
+)
 from ..deploy.candidate import inspect, verify_expected
 from ..deploy.cli_targets import default_operator, policy_from, progress, resolve_targets
 from ..deploy.fleet import run_fleet, stop_requested
-from ..deploy.render import swap_table
+from ..deploy.render import plan_listing, swap_table
 from ..deploy.swap import DEFAULT_TOOL, deploy_file
 
 EPILOG = """\b
@@ -18,12 +26,12 @@ Examples:
   vgpu-patch deploy --host gpu-node-1 --dry-run --json out/libvgpu.so   # the exact commands per node
 \b
 Exit codes: 0 every node runs FILE's sha256; 1 failed (or --dry-run with changes pending);
-2 usage error; 3 some nodes succeeded, some failed or were skipped.
+2 usage error (also a FILE that does not exist); 3 some nodes succeeded, some failed or were skipped.
 """
 
 
 @click.command("deploy", epilog=EPILOG)
-@click.argument("file", type=click.Path(exists=True, dir_okay=False))
+@click.argument("file", type=click.Path(dir_okay=False))
 @target_options
 @fleet_options
 @click.option("--install", is_flag=True, help="Install libvgpu.so where the target dir has no library yet.")
@@ -45,6 +53,7 @@ def cli(file: str, install: bool, check: bool, expect_sha256: str | None, operat
     live), upload, sha256 verified on the node, backup, atomic rename in the library directory, sha256
     verified again, history recorded. A node left mid-way still has a whole file (old or new).
     """
+    existing_path("FILE", file)
     cand = inspect(file)  # fails early, locally, on a file that is not a shared object
     verify_expected(cand, expect_sha256)
     targets = resolve_targets(kw)
@@ -62,5 +71,8 @@ def cli(file: str, install: bool, check: bool, expect_sha256: str | None, operat
         emit_json({"file": str(cand.path), "sha256": cand.sha256, "dry_run": dry_run, **fleet.to_dict()})
     else:
         title = f"vgpu-patch deploy {cand.path.name} ({cand.sha256[:12]})" + (" --dry-run" if dry_run else "")
-        swap_table(fleet, title)
+        if dry_run:
+            plan_listing(fleet, title, commands=bool(kw.get("verbose")))
+        else:
+            swap_table(fleet, title)
     raise SystemExit(fleet.exit_code(dry_run=dry_run))

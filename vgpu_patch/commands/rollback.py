@@ -1,13 +1,16 @@
 """`vgpu-patch rollback`: restore a recorded backup on nodes, the same atomic way, verified byte for byte."""
 from __future__ import annotations
 
+import re
+
 import click
 
 from ..cli_options import dry_run_option, emit_json, fleet_options, json_option, stale_option, target_options
 from ..deploy.cli_targets import default_operator, policy_from, progress, resolve_targets
 from ..deploy.fleet import run_fleet, stop_requested
-from ..deploy.render import swap_table
+from ..deploy.render import plan_listing, swap_table
 from ..deploy.swap import DEFAULT_TOOL, rollback
+from ..errors import UsageError
 
 EPILOG = """\b
 Examples:
@@ -17,7 +20,7 @@ Examples:
   vgpu-patch rollback --local /tmp/node --yes
 \b
 Exit codes: 0 every node restored (or already there); 1 failed (or --dry-run with changes pending);
-2 usage error; 3 some nodes restored, some not.
+2 usage error (a malformed --to included, before any node is touched); 3 some nodes restored, some not.
 """
 
 
@@ -40,6 +43,8 @@ def cli(to_sha256: str, yes: bool, operator: str | None, stale: bool, dry_run: b
     The backup is checked against its sha256, swapped in atomically, and the live file compared
     with it byte for byte. `vgpu-patch status` lists the backups each node keeps.
     """
+    if to_sha256 not in ("previous", "vendor") and not re.fullmatch(r"[0-9a-fA-F]{6,64}", to_sha256):
+        raise UsageError(f"--to {to_sha256}: give previous, vendor, or at least 6 hex digits of a backup's sha256")
     targets = resolve_targets(kw)
     policy = policy_from(kw, len(targets.specs))
     if not (yes or dry_run):
@@ -57,5 +62,8 @@ def cli(to_sha256: str, yes: bool, operator: str | None, stale: bool, dry_run: b
     if as_json:
         emit_json({"dry_run": dry_run, **fleet.to_dict()})
     else:
-        swap_table(fleet, "vgpu-patch rollback" + (" --dry-run" if dry_run else ""))
+        if dry_run:
+            plan_listing(fleet, "vgpu-patch rollback --dry-run", commands=bool(kw.get("verbose")))
+        else:
+            swap_table(fleet, "vgpu-patch rollback")
     raise SystemExit(fleet.exit_code(dry_run=dry_run))

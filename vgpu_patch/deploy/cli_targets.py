@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import getpass
+import os
 import socket
 import sys
 from collections.abc import Iterator
@@ -12,7 +13,7 @@ from typing import Callable
 import click
 
 from ..errors import UsageError
-from ..transport.base import Transport
+from ..transport.base import Transport, set_verbosity
 from .fleet import NodeOutcome, Policy
 from .swap import DEFAULT_DIR
 from .targets import HostSpec, SSHSettings, load_inventory, load_ssh_config, make_transport, parse_host
@@ -28,8 +29,32 @@ class Targets:
         return spec.target_dir or self.target_dir
 
 
+def _inventory_given_as_identity(identities: tuple[str, ...] | list[str]) -> str | None:
+    """An `-i FILE` that is an inventory, not a key: Ansible's `-i` is vgpu-patch's `-I` (`-i` is ssh's)."""
+    for path in identities:
+        if path.endswith((".ini", ".yml", ".yaml", ".json", ".cfg", ".txt")) or os.path.isdir(path):
+            return path
+        try:
+            with open(path, "rb") as f:
+                head = f.read(4096)
+        except OSError:
+            continue
+        if b"PRIVATE KEY" not in head and (b"[" in head or b"ansible_" in head or b"hosts:" in head):
+            return path
+    return None
+
+
+def _inventory_hint(kw: dict) -> str:
+    path = _inventory_given_as_identity(tuple(kw.get("identities") or ()))
+    if path is None:
+        return ""
+    return (f"; `-i {path}` is --identity (a private key, as in ssh -i): for an Ansible inventory use "
+            f"`-I {path}` (--inventory)")
+
+
 def resolve_targets(kw: dict) -> Targets:
     """Turn the shared options into node specs and a transport factory; UsageError when none given."""
+    set_verbosity(int(kw.get("verbose") or 0))
     specs: list[HostSpec] = []
     if kw.get("local_root") is not None:
         specs.append(HostSpec(name="local" if kw["local_root"] == "/" else f"local:{kw['local_root']}",
@@ -41,9 +66,14 @@ def resolve_targets(kw: dict) -> Targets:
     if inventories:
         specs += load_inventory(list(inventories), kw.get("limit"))
     elif kw.get("limit"):
-        raise UsageError("--limit needs --inventory")
+        raise UsageError("--limit needs --inventory (-I FILE)" + _inventory_hint(kw))
     if not specs:
-        raise UsageError("no target: give --host USER@NODE, --inventory FILE or --local [ROOT]")
+        raise UsageError("no target: give --host USER@NODE, --inventory (-I) FILE or --local [ROOT]"
+                         + _inventory_hint(kw))
+    bad_key = _inventory_given_as_identity(tuple(kw.get("identities") or ()))
+    if bad_key:
+        raise UsageError(f"--identity (-i) {bad_key} looks like an inventory, not a private key"
+                         + _inventory_hint(kw))
     names = [s.name for s in specs]
     dup = {n for n in names if names.count(n) > 1}
     if dup:
@@ -56,7 +86,8 @@ def resolve_targets(kw: dict) -> Targets:
     settings = SSHSettings(config=settings.config, known_hosts=kw.get("known_hosts"),
                            accept_new_host_keys=bool(kw.get("accept_new_host_keys")),
                            identities=tuple(kw.get("identities") or ()),
-                           use_sudo=False if kw.get("no_sudo") else None, become_password=password)
+                           use_sudo=False if kw.get("no_sudo") else None, become_password=password,
+                           connect_timeout=kw.get("timeout"), command_timeout=kw.get("command_timeout"))
 
     def connect(spec: HostSpec) -> Transport:
         return make_transport(spec, config=settings, use_sudo=settings.use_sudo)

@@ -5,7 +5,7 @@ printing JSON, `host1,host2,` lists) and applies `--limit` with Ansible's own pa
 `!c`, globs, `~regex`, `@retry-file`). `VariableManager` merges `all`/group/host vars with the
 `group_vars/` and `host_vars/` next to the inventory, and a `Templar` renders `{{ ... }}` in the few
 variables used here. ansible-core is imported lazily: it is only needed when `--inventory` is given
-(`pip install 'vgpu-patch[inventory]'`).
+(the [inventory] extra; `install.extra_hint` names the pip command for this install).
 """
 from __future__ import annotations
 
@@ -38,9 +38,11 @@ def _ansible() -> Any:
 
         from ansible import constants  # type: ignore[import-untyped,attr-defined,unused-ignore]
     except ImportError as e:
+        from ..install import extra_hint
+
         raise UsageError(
             f"--inventory needs ansible-core to read the inventory as Ansible does ({e}): "
-            "pip install 'vgpu-patch[inventory]' (or pass nodes with --host)"
+            f"{extra_hint('inventory')}, or pass nodes with --host"
         ) from e
     return constants, AnsibleError, InventoryManager, DataLoader, Templar, VariableManager
 

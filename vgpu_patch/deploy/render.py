@@ -61,6 +61,45 @@ def swap_table(fleet: FleetResult, title: str) -> None:
     _console().print(", ".join(f"{k}: {v}" for k, v in sorted(counts.items())))
 
 
+def plan_listing(fleet: FleetResult, title: str, *, commands: bool = False) -> None:
+    """`--dry-run`: per node, the numbered steps that would run (as `terraform plan` and `ansible --check` show
+    them); with `commands`, each step's shell under it. `--dry-run --json` carries the same steps."""
+    import shutil
+    import textwrap
+
+    width = shutil.get_terminal_size((120, 24)).columns if sys.stdout.isatty() else 120
+    out = [title]
+    for o in fleet.outcomes:
+        r = o.result
+        head = f"{o.node}: {o.status}"
+        if getattr(r, "to_sha256", None):
+            head += f", {_short(getattr(r, 'from_sha256', None))} -> {_short(getattr(r, 'to_sha256', None))}"
+        if getattr(r, "path", None):
+            head += f" ({getattr(r, 'path', '')})"
+        out += ["", head]
+        if o.error:
+            out += textwrap.wrap(o.error, width, initial_indent="  ", subsequent_indent="  ")
+            continue
+        plan = list(getattr(r, "plan", None) or [])
+        if plan and plan[0].kind == "noop":
+            out += textwrap.wrap(plan[0].text, width, initial_indent="  ", subsequent_indent="  ")
+            continue
+        steps = plan if commands else [st for st in plan if st.kind not in ("prepare", "report")]
+        for i, st in enumerate(steps, 1):
+            lead = f"  {i:>2}. {st.kind:<7} "
+            out += textwrap.wrap(st.text, width, initial_indent=lead, subsequent_indent=" " * len(lead),
+                                 break_on_hyphens=False, break_long_words=False)
+            if commands and st.sh:
+                out += [f"{' ' * len(lead)}| {line}" for line in st.sh.splitlines()]
+    counts = fleet.to_dict()["counts"]
+    summary = ", ".join(f"{k}: {v}" for k, v in sorted(counts.items()))
+    if counts.get("pending") and not commands:
+        summary += " (-v shows each step's shell; run without --dry-run to apply)"
+    elif counts.get("pending"):
+        summary += " (run without --dry-run to apply)"
+    print("\n".join([*out, "", summary]))
+
+
 def status_table(fleet: FleetResult) -> None:
     from rich.table import Table
 

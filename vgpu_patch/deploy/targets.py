@@ -67,6 +67,8 @@ class SSHSettings:
     identities: tuple[str, ...] = ()
     use_sudo: bool | None = None
     become_password: str | None = None
+    connect_timeout: float | None = None  # --timeout: wins over ssh_config's ConnectTimeout
+    command_timeout: float | None = None  # --command-timeout: each node command's limit
 
 
 def load_ssh_config(path: Path | str | None) -> SSHSettings:
@@ -101,7 +103,9 @@ def make_transport(
     if spec.local_root is not None:
         from ..transport.local import LocalTransport
 
-        return LocalTransport(spec.local_root, name=spec.name if spec.local_root == "/" else None)
+        local = LocalTransport(spec.local_root, name=spec.name if spec.local_root == "/" else None)
+        local.command_timeout = config.command_timeout if config else None
+        return local
     settings = replace(
         config or SSHSettings(), known_hosts=known_hosts or (config.known_hosts if config else None),
         accept_new_host_keys=accept_new_host_keys or bool(config and config.accept_new_host_keys),
@@ -142,8 +146,9 @@ def _one(name: str, opts: SSHOptions, settings: SSHSettings, *, jump: Transport 
         jump=jump,  # type: ignore[arg-type]
         proxy_command=proxy,
         host_key_alias=opts.host_key_alias,
-        connect_timeout=opts.connect_timeout or 15.0,
+        connect_timeout=settings.connect_timeout or opts.connect_timeout or 15.0,
         name=name,
         use_sudo=use_sudo,
         become_password=settings.become_password,
+        command_timeout=settings.command_timeout,
     )

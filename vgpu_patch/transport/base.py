@@ -6,13 +6,77 @@ else `sudo -n sh -c`), and a refused sudo raises `AuthFailure`, never a plain co
 """
 from __future__ import annotations
 
+import logging
 import shlex
+import sys
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import AuthFailure, DeployError
+
+# -v/--debug: what runs on each node, and how long it took, on stderr (never on stdout: --json stays clean)
+log = logging.getLogger("vgpu_patch.node")
+_verbosity = 0
+
+
+class _Stderr(logging.StreamHandler):
+    """Writes to whatever sys.stderr is now (a test runner swaps it between runs), never a stale stream."""
+
+    @property
+    def stream(self) -> object:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value: object) -> None:
+        pass
+
+
+def set_verbosity(level: int) -> None:
+    """0 quiet; 1 one line per node command, connection and file copy, with timings; 2 whole commands too."""
+    global _verbosity
+    _verbosity = level
+    if level and not log.handlers:
+        handler = _Stderr()
+        handler.setFormatter(logging.Formatter("vgpu-patch: debug: %(relativeCreated)7.0f ms %(message)s"))
+        log.addHandler(handler)
+        log.propagate = False
+    log.setLevel(logging.DEBUG if level else logging.WARNING)
+
+
+def describe(cmd: str) -> str:
+    """A command as -v shows it: its first line and size, or (with -vv) all of it."""
+    if _verbosity >= 2:
+        return "\n" + cmd
+    lines = [ln for ln in cmd.splitlines() if ln.strip()]
+    head = lines[0].strip()[:100] if lines else ""
+    return head if len(lines) <= 1 else f"{head} ... ({len(lines)} lines, {len(cmd)} bytes; -vv shows all)"
+
+
+class Timed:
+    """With -v: one line when a node step starts (`run (sudo): <command>`), one when it ends, with its time.
+
+    `with Timed(node, "run", cmd) as t: ... t.end("exit 0")`; leaving the block by an error logs it as failed.
+    """
+
+    def __init__(self, node: str, what: str, detail: str = "") -> None:
+        self.node, self.what, self.t0, self.ended = node, what, time.monotonic(), False
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("%s: %s: %s", node, what, detail)
+
+    def end(self, outcome: str = "done") -> None:
+        if not self.ended and log.isEnabledFor(logging.DEBUG):
+            log.debug("%s: %s %s in %.3f s", self.node, self.what, outcome, time.monotonic() - self.t0)
+        self.ended = True
+
+    def __enter__(self) -> Timed:
+        return self
+
+    def __exit__(self, kind: object, exc: object, _tb: object) -> None:
+        self.end(f"failed: {str(exc).splitlines()[0][:160] if str(exc) else kind}" if kind else "done")
+
 
 # Printed by the privileged shell as its first act: its absence means sudo itself refused.
 SUDO_MARKER = "__vgpu_patch_sudo_ok__"
@@ -126,6 +190,12 @@ class Transport(ABC):
 
     #: how the node is named in messages and results
     name: str = "node"
+    #: --command-timeout: replaces every command's own limit when set
+    command_timeout: float | None = None
+
+    def limit(self, timeout: float | None) -> float | None:
+        """The time limit a command gets: --command-timeout when given, else the caller's."""
+        return self.command_timeout if self.command_timeout is not None else timeout
 
     @abstractmethod
     def run(self, cmd: str, *, sudo: bool = False, warn: bool = False, timeout: float | None = None) -> Result:

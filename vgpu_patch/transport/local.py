@@ -11,7 +11,7 @@ import tempfile
 from pathlib import Path
 
 from ..errors import DeployError, UsageError
-from .base import Result, Stream, Transport, sudo_unwrap, sudo_wrap
+from .base import Result, Stream, Timed, Transport, describe, sudo_unwrap, sudo_wrap
 
 _MAX_LINKS = 40  # like the kernel's ELOOP limit
 
@@ -77,6 +77,13 @@ class LocalTransport(Transport):
         return sudo and os.geteuid() != 0 and str(self.root) == "/"
 
     def run(self, cmd: str, *, sudo: bool = False, warn: bool = False, timeout: float | None = None) -> Result:
+        timeout = self.limit(timeout)
+        with Timed(self.name, "run (sudo)" if sudo else "run", describe(cmd)) as t:
+            result = self._run(cmd, sudo=sudo, warn=warn, timeout=timeout)
+            t.end(f"exit {result.exited}")
+            return result
+
+    def _run(self, cmd: str, *, sudo: bool, warn: bool, timeout: float | None) -> Result:
         wrapped = self._needs_sudo(sudo)
         full = sudo_wrap(cmd) if wrapped else cmd
         try:
@@ -92,6 +99,8 @@ class LocalTransport(Transport):
 
     def open_stream(self, cmd: str, *, sudo: bool = False, timeout: float | None = None) -> Stream | None:
         wrapped = self._needs_sudo(sudo)
+        timeout = self.limit(timeout)
+        timed = Timed(self.name, "session (sudo)" if sudo else "session", describe(cmd))
         err = tempfile.TemporaryFile()  # noqa: SIM115 - closed in wait(); a file, not a pipe: stderr never blocks
         proc = subprocess.Popen(["sh", "-c", sudo_wrap(cmd) if wrapped else cmd], stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, stderr=err)
@@ -118,6 +127,7 @@ class LocalTransport(Transport):
 
         def wait() -> tuple[int, str]:
             code = proc.wait()
+            timed.end(f"exit {code}")
             stdout.close()
             err.seek(0)
             text = err.read().decode(errors="replace")

@@ -21,7 +21,7 @@ from pathlib import Path
 import paramiko
 
 from ..errors import AuthFailure, ConnectionFailure, DeployError, HostKeyError
-from .base import SUDO_MARKER, SUDO_PROMPT, Result, Stream, Transport, sudo_unwrap, sudo_wrap
+from .base import SUDO_MARKER, SUDO_PROMPT, Result, Stream, Timed, Transport, describe, sudo_unwrap, sudo_wrap
 from .known_hosts import KnownHosts, lookup_name
 from .sshconfig import DEFAULT_GLOBAL_KNOWN_HOSTS
 
@@ -110,7 +110,9 @@ class SSHTransport(Transport):
         name: str | None = None,
         pty_for_sudo: bool | None = None,
         use_sudo: bool | None = None,
+        command_timeout: float | None = None,
     ) -> None:
+        self.command_timeout = command_timeout
         self.hostname = hostname
         self.port = port
         self.user = user or os.environ.get("USER") or "root"
@@ -181,18 +183,22 @@ class SSHTransport(Transport):
                         f"({e}); check ProxyJump and AllowTcpForwarding"
                     ) from e
             try:
-                client.connect(
-                    self.hostname,
-                    port=self.port,
-                    username=self.user,
-                    key_filename=self.key_filenames or None,  # type: ignore[arg-type]  # a list works too
-                    look_for_keys=not self.key_filenames,
-                    allow_agent=self.allow_agent,
-                    timeout=self.connect_timeout,
-                    banner_timeout=self.connect_timeout,
-                    auth_timeout=self.connect_timeout,
-                    sock=sock,
-                )
+                with Timed(self.name, "connect", f"{self.user}@{self.hostname}:{self.port}"
+                           + (f" via {self.proxy_command!r}" if self.proxy_command else "")
+                           + (f" via {self.jump.name}" if self.jump else "")
+                           + f" (timeout {self.connect_timeout:g} s)"):
+                    client.connect(
+                        self.hostname,
+                        port=self.port,
+                        username=self.user,
+                        key_filename=self.key_filenames or None,  # type: ignore[arg-type]  # a list works too
+                        look_for_keys=not self.key_filenames,
+                        allow_agent=self.allow_agent,
+                        timeout=self.connect_timeout,
+                        banner_timeout=self.connect_timeout,
+                        auth_timeout=self.connect_timeout,
+                        sock=sock,
+                    )
             except HostKeyError:
                 client.close()
                 raise
@@ -236,6 +242,13 @@ class SSHTransport(Transport):
         return self.use_sudo is True or self.user != "root"
 
     def run(self, cmd: str, *, sudo: bool = False, warn: bool = False, timeout: float | None = None) -> Result:
+        timeout = self.limit(timeout)
+        with Timed(self.name, "run (sudo)" if sudo else "run", describe(cmd)) as t:
+            result = self._run_sudo_or_tty(cmd, sudo=sudo, warn=warn, timeout=timeout)
+            t.end(f"exit {result.exited}")
+            return result
+
+    def _run_sudo_or_tty(self, cmd: str, *, sudo: bool, warn: bool, timeout: float | None) -> Result:
         if not (self._needs_sudo(sudo) and self.pty_for_sudo is None):
             return self._run(cmd, sudo=sudo, warn=warn, timeout=timeout)
         try:
@@ -315,8 +328,10 @@ class SSHTransport(Transport):
         wrapped = self._needs_sudo(sudo)
         if wrapped and (self.become_password is not None or self.pty_for_sudo):
             return None
+        timeout = self.limit(timeout)
         full = sudo_wrap(cmd, stdin=True) if wrapped else cmd
         client = self._connect()
+        timed = Timed(self.name, "session (sudo)" if sudo else "session", describe(cmd))
         try:
             chan = client.get_transport().open_session(timeout=self.connect_timeout)  # type: ignore[union-attr]
             chan.settimeout(timeout)
@@ -355,7 +370,9 @@ class SSHTransport(Transport):
                     err.extend(data)
                 code = chan.recv_exit_status()
             except (OSError, paramiko.SSHException, EOFError) as e:
+                timed.end(f"failed: {e}")
                 raise self._lost("while running a command", e) from e
+            timed.end(f"exit {code}")
             chan.close()
             if code == -1:  # the session died without an exit status: sshd killed, network gone
                 raise self._lost("while running a command")
