@@ -168,23 +168,6 @@ __attribute__((constructor)) static void limiter_ctor(void)
     vgpu_limiter_load_env(); /* env only: no driver, no thread */
 }
 
-/* some SM limit may apply: this process's env, or its region's (a process started with a
- * scrubbed environment still holds the container's limit) */
-static int may_throttle(const vgpu_region_t *r)
-{
-    int d;
-
-    if (policy == VGPU_POLICY_DISABLE)
-        return 0;
-    if (env_any)
-        return 1;
-    if (r)
-        for (d = 0; d < VGPU_MAX_DEVICES; d++)
-            if (vgpu_sm_norm(__atomic_load_n(&r->sm_limit[d], __ATOMIC_RELAXED)))
-                return 1;
-    return 0;
-}
-
 static int percent_of(const vgpu_region_t *r, int dev)
 {
     uint64_t pct;
@@ -542,7 +525,8 @@ VGPU_HIDDEN void vgpu_limiter_before_launch(CUstream stream, int graph, uint64_t
     if (VGPU_UNLIKELY(!joined))
         board_join(dev);
     vgpu_board_mark(dev);
-    if (!may_throttle(r) || !(pct = percent_of(r, dev)))
+    /* the region's limit counts even when this process's env has none (a scrubbed environment) */
+    if (!(pct = percent_of(r, dev)))
         return;
     throttle(stream, dev, pct, graph ? 1 : 0, sig);
 }
