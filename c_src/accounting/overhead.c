@@ -141,6 +141,20 @@ static void set_charge(int dev, uint64_t overhead)
     __atomic_store_n(&s->measured, 1, __ATOMIC_RELAXED);
 }
 
+/* Without NVML's process list (an error, a pid namespace it cannot see into) our contexts would
+ * go uncounted: the device-wide used-memory delta of our context creations stands in. It may hold
+ * a neighbour's memory too, which only makes the limit stricter. */
+static void no_list_warning(int dev)
+{
+    static int warned;
+
+    if (!__atomic_exchange_n(&warned, 1, __ATOMIC_RELAXED))
+        VGPU_WARN("device %d: NVML cannot list the processes using it: the memory of this process's CUDA contexts "
+                  "is taken from the device's used-memory change around each context creation, which may count "
+                  "other processes' memory too",
+                  dev);
+}
+
 /* lock held; 1 when the figure is this process's own (NVML per process), 0 for the fallback */
 static int measure(int dev)
 {
@@ -155,8 +169,11 @@ static int measure(int dev)
     before = vgpu_budget_mine(dev) - devs[dev].charged;
     n = list_procs(h, procs);
     after = vgpu_budget_mine(dev) - devs[dev].charged;
-    if (n < 0)
+    if (n < 0) {
+        no_list_warning(dev);
+        set_charge(dev, devs[dev].fallback);
         return 0;
+    }
     if (!host_pid)
         for (i = 0; i < n; i++)
             if (procs[i].pid == (unsigned)getpid())

@@ -13,6 +13,10 @@
  *   FAKE_NVML_PID_OFFSET=K         this process's pid as NVML reports it: getpid() + K (a container's
  *                                  pid namespace, NVML answering with host pids; default 0)
  *   FAKE_NVML_OTHERS=pid:MiB,...   other processes on every device (counted in its used memory)
+ * Fault injection:
+ *   FAKE_NVML_PROCS_FAIL=1         the process-list calls fail (NVML_ERROR_UNKNOWN), as on hosts
+ *                                  where NVML cannot see other pid namespaces' processes
+ *   FAKE_NVML_DELAY_MS=N           the memory and process-list calls take N ms more (a loaded NVML)
  * Link with -ldl where dlopen is not in libc (glibc < 2.34). */
 #define NVML_NO_UNVERSIONED_FUNC_DEFS /* the unversioned names are exported here as the v1 ABIs */
 #include <dlfcn.h>
@@ -43,6 +47,14 @@ static struct {
     unsigned long long bytes;
 } others[MAXOTHERS];
 static unsigned nothers;
+static int procs_fail;
+static unsigned delay_ms;
+
+static void slow(void)
+{
+    if (delay_ms)
+        usleep(delay_ms * 1000u);
+}
 
 __attribute__((constructor)) static void fake_config(void)
 {
@@ -73,6 +85,11 @@ __attribute__((constructor)) static void fake_config(void)
     s = getenv("FAKE_CUDA_MEM_MB");
     if (s)
         total = strtoull(s, NULL, 10) << 20;
+    s = getenv("FAKE_NVML_PROCS_FAIL");
+    procs_fail = s && *s == '1';
+    s = getenv("FAKE_NVML_DELAY_MS");
+    if (s)
+        delay_ms = (unsigned)strtoul(s, NULL, 10);
     s = getenv("FAKE_NVML_PID_OFFSET");
     if (s)
         pid_offset = strtol(s, NULL, 10);
@@ -256,6 +273,7 @@ static unsigned long long used_on(unsigned p)
 
 EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t d, nvmlMemory_t *m)
 {
+    slow();
     if (!m || !valid(d))
         return NVML_ERROR_INVALID_ARGUMENT;
     m->total = total;
@@ -266,6 +284,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t d, nvmlMemory_t *m)
 
 EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t d, nvmlMemory_v2_t *m)
 {
+    slow();
     if (!m || !valid(d))
         return NVML_ERROR_INVALID_ARGUMENT;
     m->total = total;
@@ -282,8 +301,11 @@ static nvmlReturn_t processes(nvmlDevice_t d, unsigned int *count, void *infos, 
 {
     unsigned n = 0, need;
     int own;
+    slow();
     if (!count || !valid(d))
         return NVML_ERROR_INVALID_ARGUMENT;
+    if (procs_fail)
+        return NVML_ERROR_UNKNOWN;
     own = own_ctx(d->index);
     need = nothers + (own ? 1u : 0u);
     if (*count < need) {

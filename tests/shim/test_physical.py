@@ -139,3 +139,22 @@ def test_each_refusal_is_logged_once_a_second(env: Env) -> None:
     lines = [x for x in child.stderr.splitlines() if "refused an allocation" in x]
     assert len(lines) == 1, child.stderr
     assert "device 0" in lines[0] and "300.0 MiB" in lines[0] and "256.0 MiB limit" in lines[0]
+
+
+@pytest.mark.parametrize("namespace", [False, True], ids=["host-pid", "container-pid"])
+def test_context_memory_is_charged_when_nvml_cannot_list_processes(env: Env, namespace: bool) -> None:
+    """No per-process figure: the device's used-memory change across each context creation is
+    counted instead, and a warning says so once."""
+    extra = {"FAKE_CUDA_CTX_MB": "100", "FAKE_NVML_PROCS_FAIL": "1"}
+    if namespace:
+        extra |= {"FAKE_NVML_PID_OFFSET": "100000"}
+    exe = env.compile_c("physical", PROGRAM, f"-L{env.fake_dir}", "-l:libcuda.so.1")
+    child = env.run_c(exe, {"CUDA_DEVICE_MEMORY_LIMIT": "256m", **extra}, args=["context"])
+    assert child.rc == 0, (child.stdout, child.stderr)
+    r = dict(line.split(None, 1) for line in child.stdout.splitlines())
+    assert r["free_after_ctx"] == "156", (r, child.stderr)   # the context's 100 MiB are counted
+    assert r["alloc_200"] == "2"
+    assert int(r["real"]) <= 256
+    assert int(r["real3"]) <= 256
+    warnings = [x for x in child.stderr.splitlines() if "cannot list" in x]
+    assert len(warnings) == 1, child.stderr
