@@ -14,8 +14,6 @@ struct vgpu_ctx_probe {
     int dev;
     int armed;
     unsigned long long used_before; /* device-wide used bytes, NVML */
-    unsigned npids;
-    unsigned pids[64];              /* processes on the device before (host pids), while ours is unknown */
 };
 
 /* around every context creation on dev (primary retain of an inactive context, cuCtxCreate*,
@@ -27,7 +25,8 @@ VGPU_HIDDEN CUresult vgpu_overhead_after_ctx(CUresult rc, struct vgpu_ctx_probe 
 VGPU_HIDDEN void vgpu_overhead_undo_ctx(struct vgpu_ctx_probe *p);
 /* measure again (rate-limited unless force) and settle the charge; no-op without a limit on dev */
 VGPU_HIDDEN void vgpu_overhead_refresh(int dev, int force);
-/* measure once if this device was never measured (a context made before we could see it) */
+/* measure once if this device was never measured (a context made before we could see it), and
+ * again (rate-limited) while our NVML entry is not known yet */
 VGPU_HIDDEN void vgpu_overhead_ensure(int dev);
 /* this process's host pid as NVML reports it, 0 while unknown */
 VGPU_HIDDEN unsigned vgpu_overhead_host_pid(void);

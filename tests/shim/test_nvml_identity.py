@@ -1,0 +1,68 @@
+"""Only this process's own NVML entry is charged to it. NVML names host pids, so the shim must find
+its entry among the device's processes; a pid alone is not enough evidence: a neighbour may start
+during our context creation, NVML may list us late (so the one new pid is someone else's), or a
+neighbour's host pid may equal our pid inside the container. The shim confirms its entry by a
+probe (a small allocation only its own entry shows) and learns again when the evidence changes."""
+from __future__ import annotations
+
+import pytest
+
+from .harness import Env
+
+MiB = 1 << 20
+
+PROGRAM = r"""
+#include <cuda.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+unsigned long long fake_used(int dev);
+
+#define CHECK(x) do { CUresult r_ = (x); if (r_) { printf("FAIL %s = %d\n", #x, r_); return 1; } } while (0)
+#define MB(x) ((size_t)(x) << 20)
+
+int main(int argc, char **argv)
+{
+    CUdevice d;
+    CUcontext c;
+    CUdeviceptr a, b, e;
+    size_t f = 0, t = 0;
+
+    CHECK(cuInit(0));
+    CHECK(cuDeviceGet(&d, 0));
+    CHECK(cuDevicePrimaryCtxRetain(&c, d));
+    CHECK(cuCtxSetCurrent(c));
+    usleep((useconds_t)atoi(argv[1]) * 1000);
+    cuMemGetInfo(&f, &t);
+    printf("free_after_ctx %zu\n", f >> 20);
+    printf("a300 %d\n", cuMemAlloc(&a, MB(300)));
+    printf("a500 %d\n", cuMemAlloc(&b, MB(500)));
+    printf("a200 %d\n", cuMemAlloc(&e, MB(200)));
+    printf("real %llu\n", fake_used(0) >> 20);
+    return 0;
+}
+"""
+
+# the context takes 100 MiB; a neighbour holds 700 MiB of the same GPU; our limit is 1000 MiB
+BASE = {"CUDA_DEVICE_MEMORY_LIMIT": "1000m", "FAKE_CUDA_CTX_MB": "100", "FAKE_CUDA_MEM_MB": "4096",
+        "FAKE_NVML_PID_OFFSET": "100000"}
+CASES = {
+    "neighbour-starts-with-us": ({"FAKE_NVML_OTHERS": "4242:700", "FAKE_NVML_OTHERS_WITH_US": "1"}, 0),
+    "listed-late": ({"FAKE_NVML_OTHERS": "4242:700", "FAKE_NVML_OTHERS_WITH_US": "1",
+                     "FAKE_NVML_SELF_LATE_MS": "300"}, 500),
+    "neighbour-has-our-pid": ({"FAKE_NVML_OTHERS": "self:700"}, 0),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_only_our_own_entry_is_charged(env: Env, case: str) -> None:
+    extra, sleep_ms = CASES[case]
+    exe = env.compile_c("identity", PROGRAM, f"-L{env.fake_dir}", "-l:libcuda.so.1")
+    child = env.run_c(exe, {**BASE, **extra}, args=[str(sleep_ms)])
+    assert child.rc == 0, (child.stdout, child.stderr)
+    r = dict(line.split(None, 1) for line in child.stdout.splitlines())
+    assert r["free_after_ctx"] == "900", (r, child.stderr)   # our context's 100 MiB, not the neighbour's 700
+    assert (r["a300"], r["a500"]) == ("0", "0"), (r, child.stderr)
+    assert r["a200"] == "2", (r, child.stderr)               # 100 + 300 + 500 + 200 > 1000: ours all counted
+    assert int(r["real"]) <= 1000
