@@ -115,7 +115,7 @@ static int device_used(nvmlDevice_t h, unsigned long long *used)
 {
     nvmlMemory_t m;
 
-    if (REAL(nvmlDeviceGetMemoryInfo)(h, &m) != NVML_SUCCESS)
+    if (REAL(nvmlDeviceGetMemoryInfo)(h, &m) != NVML_SUCCESS || m.used > m.total) /* garbage: no figure */
         return -1;
     *used = m.used;
     return 0;
@@ -135,6 +135,34 @@ static void set_charge(int dev, uint64_t overhead)
                   dev, overhead / MiB);
     s->charged = overhead;
     __atomic_store_n(&s->measured, 1, __ATOMIC_RELAXED);
+}
+
+/* An NVML figure above the device's size is garbage (one was seen at 2^53 B): believed, it would be
+ * forced into the region and make every peer judge the region corrupt. */
+static int sane(int dev, unsigned long long bytes, unsigned pid)
+{
+    static int warned;
+    static uint64_t total[VGPU_MAX_DEVICES];
+    uint64_t t = __atomic_load_n(&total[dev], __ATOMIC_RELAXED);
+    CUdevice d;
+    size_t sz;
+
+    if (!t) {
+        if (REAL(cuDeviceGet)(&d, dev) != CUDA_SUCCESS || REAL(cuDeviceTotalMem_v2)(&sz, d) != CUDA_SUCCESS || !sz)
+            return bytes < (1ull << 50); /* 1 PiB: no device is near it */
+        __atomic_store_n(&total[dev], (t = sz), __ATOMIC_RELAXED);
+    }
+    if (bytes <= t)
+        return 1;
+    if (!__atomic_exchange_n(&warned, 1, __ATOMIC_RELAXED))
+        VGPU_WARN("device %d: NVML reports %llu bytes used by %s%u, more than the device's %llu: not believed", dev,
+                  bytes, pid ? "host pid " : "the device, pid ", pid, (unsigned long long)t);
+    return 0;
+}
+
+static int known(int dev, const nvmlProcessInfo_t *p)
+{
+    return p->usedGpuMemory != (unsigned long long)NVML_VALUE_NOT_AVAILABLE && sane(dev, p->usedGpuMemory, p->pid);
 }
 
 static unsigned long long used_of(const nvmlProcessInfo_t *procs, int n, unsigned pid)
@@ -173,8 +201,7 @@ static int probe_identity(int dev, nvmlDevice_t h)
     }
     vgpu_budget_release(dev, PROBE_BYTES);
     for (i = 0; i < nd; i++)
-        if (during[i].usedGpuMemory != (unsigned long long)NVML_VALUE_NOT_AVAILABLE &&
-            during[i].usedGpuMemory >= used_of(before, nb, during[i].pid) + PROBE_BYTES) {
+        if (known(dev, &during[i]) && during[i].usedGpuMemory >= used_of(before, nb, during[i].pid) + PROBE_BYTES) {
             found = during[i].pid;
             hits++;
         }
@@ -238,7 +265,7 @@ again:
     for (i = 0; i < n && procs[i].pid != pid; i++)
         ;
     seen = i < n;
-    if (seen && procs[i].usedGpuMemory == (unsigned long long)NVML_VALUE_NOT_AVAILABLE) {
+    if (seen && !known(dev, &procs[i])) {
         set_charge(dev, devs[dev].fallback); /* MIG or a vGPU host hides per-process figures */
         return 0;
     }

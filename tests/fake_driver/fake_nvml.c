@@ -23,6 +23,7 @@
  *   FAKE_NVML_PROCS_FAIL=1         the process-list calls fail (NVML_ERROR_UNKNOWN), as on hosts
  *                                  where NVML cannot see other pid namespaces' processes
  *   FAKE_NVML_DELAY_MS=N           the memory and process-list calls take N ms more (a loaded NVML)
+ *   FAKE_NVML_SELF_ABSURD=1        this process's entry reports 2^53 bytes used
  * Link with -ldl where dlopen is not in libc (glibc < 2.34). */
 #define NVML_NO_UNVERSIONED_FUNC_DEFS /* the unversioned names are exported here as the v1 ABIs */
 #include <dlfcn.h>
@@ -57,6 +58,7 @@ static unsigned nothers;
 static int procs_fail;
 static unsigned delay_ms;
 static int others_with_us;
+static int self_absurd;
 static unsigned self_late_ms;
 
 static void slow(void)
@@ -99,6 +101,8 @@ __attribute__((constructor)) static void fake_config(void)
     s = getenv("FAKE_NVML_DELAY_MS");
     if (s)
         delay_ms = (unsigned)strtoul(s, NULL, 10);
+    s = getenv("FAKE_NVML_SELF_ABSURD");
+    self_absurd = s && *s == '1';
     s = getenv("FAKE_NVML_OTHERS_WITH_US");
     others_with_us = s && *s == '1';
     s = getenv("FAKE_NVML_SELF_LATE_MS");
@@ -363,7 +367,7 @@ static nvmlReturn_t processes(nvmlDevice_t d, unsigned int *count, void *infos, 
         unsigned long long bytes;
         if (own && i == 0) {
             pid = (unsigned)((long)getpid() + pid_offset);
-            bytes = own_bytes(d->index);
+            bytes = self_absurd ? 1ull << 53 : own_bytes(d->index);
         } else {
             pid = others[i - (own ? 1u : 0u)].pid;
             bytes = others[i - (own ? 1u : 0u)].bytes;

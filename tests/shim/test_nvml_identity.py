@@ -66,3 +66,58 @@ def test_only_our_own_entry_is_charged(env: Env, case: str) -> None:
     assert (r["a300"], r["a500"]) == ("0", "0"), (r, child.stderr)
     assert r["a200"] == "2", (r, child.stderr)               # 100 + 300 + 500 + 200 > 1000: ours all counted
     assert int(r["real"]) <= 1000
+
+
+HOLDER = r"""
+#include <cuda.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+int main(int argc, char **argv)
+{
+    CUdevice d;
+    CUcontext c;
+    CUdeviceptr a;
+    char line[8];
+
+    if (cuInit(0) || cuDeviceGet(&d, 0) || cuDevicePrimaryCtxRetain(&c, d) || cuCtxSetCurrent(c))
+        return 1;
+    printf("alloc %d\n", cuMemAlloc(&a, (size_t)atoi(argv[1]) << 20));
+    fflush(stdout);
+    if (!fgets(line, sizeof line, stdin))   /* hold it until told */
+        return 0;
+    return 0;
+}
+"""
+
+
+def test_an_absurd_nvml_figure_is_not_charged(env: Env) -> None:
+    """One process's NVML entry reads 2^53 bytes: it is not believed (one warning) and the
+    container's limit still holds across both processes."""
+    import subprocess
+
+    exe = env.compile_c("holder", HOLDER, f"-L{env.fake_dir}", "-l:libcuda.so.1")
+    region = {"CUDA_DEVICE_MEMORY_SHARED_CACHE": str(env.tmp / "shared.cache"), "CUDA_DEVICE_MEMORY_LIMIT": "1000m",
+              "FAKE_CUDA_MEM_MB": "4096"}
+
+    def start(extra: dict[str, str]) -> subprocess.Popen[str]:
+        e = env.base_env({**region, **extra})
+        e["LD_LIBRARY_PATH"] = str(env.fake_dir)
+        e["LD_PRELOAD"] = str(env.shim)
+        return subprocess.Popen([str(exe), "600"], env=e, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+
+    a = start({"FAKE_NVML_SELF_ABSURD": "1"})
+    try:
+        first = a.stdout.readline().strip()
+        b = start({})
+        second, b_err = b.communicate("\n", timeout=30)
+        _, a_err = a.communicate("\n", timeout=30)
+    finally:
+        for p in (a, b):
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert first == "alloc 0", a_err
+    assert second.strip() == "alloc 2", b_err      # 600 + 600 > 1000: the region still adds both up
+    assert a_err.count("not believed") == 1, a_err
