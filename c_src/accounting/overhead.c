@@ -178,9 +178,26 @@ static unsigned long long used_of(const nvmlProcessInfo_t *procs, int n, unsigne
 /* a device's lock held: find our entry by a probe allocation; 1 when exactly one entry grew by it.
  * The probe is charged first (no room left: no probe) and made with the real cuMemCreate, which
  * needs no current context. */
-static int probe_identity(int dev, nvmlDevice_t h)
+/* one process listing of a device and our charges (the overhead's aside) sampled around it */
+struct listing {
+    nvmlProcessInfo_t procs[MAX_PROCS];
+    int n;
+    uint64_t before, after;
+};
+
+static void list_into(int dev, nvmlDevice_t h, struct listing *l)
 {
-    nvmlProcessInfo_t before[MAX_PROCS], during[MAX_PROCS];
+    l->before = vgpu_budget_mine(dev) - devs[dev].charged;
+    l->n = list_procs(h, l->procs);
+    l->after = vgpu_budget_mine(dev) - devs[dev].charged;
+}
+
+/* The listing made while the probe is held serves the measurement that follows (the probe is in
+ * both our charges and our entry), so identifying costs one listing more, not two. */
+static int probe_identity(int dev, nvmlDevice_t h, struct listing *l)
+{
+    nvmlProcessInfo_t before[MAX_PROCS];
+    const nvmlProcessInfo_t *during = l->procs;
     CUmemGenericAllocationHandle mem;
     CUmemAllocationProp prop;
     CUdevice d;
@@ -196,7 +213,8 @@ static int probe_identity(int dev, nvmlDevice_t h)
     prop.location.id = d;
     nb = list_procs(h, before);
     if (nb >= 0 && REAL(cuMemCreate)(&mem, PROBE_BYTES, &prop, 0) == CUDA_SUCCESS) {
-        nd = list_procs(h, during);
+        list_into(dev, h, l);
+        nd = l->n;
         REAL(cuMemRelease)(mem);
     }
     vgpu_budget_release(dev, PROBE_BYTES);
@@ -213,11 +231,11 @@ static int probe_identity(int dev, nvmlDevice_t h)
 }
 
 /* rate-limited unless forced: probing costs two listings */
-static int identify(int dev, nvmlDevice_t h, int force)
+static int identify(int dev, nvmlDevice_t h, int force, struct listing *l)
 {
     if (!force && now_ns() - __atomic_load_n(&last_probe_ns, __ATOMIC_RELAXED) < PROBE_INTERVAL_NS)
         return 0;
-    return probe_identity(dev, h);
+    return probe_identity(dev, h, l);
 }
 
 /* Without NVML's process list (an error, a pid namespace it cannot see into) our contexts would
@@ -235,23 +253,27 @@ static void no_list_warning(int dev)
 }
 
 /* lock held; 1 when the figure is this process's own (NVML per process), 0 for the fallback */
-static int measure(int dev)
+static int measure(int dev, int force_probe)
 {
-    nvmlProcessInfo_t procs[MAX_PROCS];
+    struct listing l;
+    const nvmlProcessInfo_t *procs = l.procs;
     nvmlDevice_t h = nvml_of(dev);
     uint64_t before, after, ours, overhead, held;
     unsigned pid;
-    int n, i, seen, retried = 0;
+    int n, i, seen, retried = 0, listed = 0;
 
     __atomic_store_n(&devs[dev].last_ns, now_ns(), __ATOMIC_RELAXED);
     if (!h)
         return 0;
     if (!__atomic_load_n(&host_pid, __ATOMIC_RELAXED))
-        identify(dev, h, 0);
+        listed = identify(dev, h, force_probe, &l);
 again:
-    before = vgpu_budget_mine(dev) - devs[dev].charged;
-    n = list_procs(h, procs);
-    after = vgpu_budget_mine(dev) - devs[dev].charged;
+    if (!listed)
+        list_into(dev, h, &l);
+    listed = 0;
+    n = l.n;
+    before = l.before;
+    after = l.after;
     if (n < 0) {
         no_list_warning(dev);
         set_charge(dev, devs[dev].fallback);
@@ -278,12 +300,15 @@ again:
         retried = 1;
         VGPU_INFO("device %d: NVML's entry for host pid %u shows %.0f MiB, less than this process holds: "
                   "finding its entry again", dev, pid, ours / MiB);
-        if (probe_identity(dev, h))
+        if ((listed = probe_identity(dev, h, &l))) {
             /* the same entry again: what it does not show (managed memory not yet touched) is
              * accepted until the gap grows further */
             devs[dev].gap = __atomic_load_n(&host_pid, __ATOMIC_RELAXED) == pid ? held - ours : 0;
-        else
+        } else {
             __atomic_store_n(&host_pid, 0, __ATOMIC_RELAXED);
+            if (devs[dev].charged > devs[dev].fallback) /* the last figure we trusted stands in */
+                devs[dev].fallback = devs[dev].charged;
+        }
         goto again;
     }
     if (!seen) {
@@ -299,21 +324,22 @@ again:
     return 1;
 }
 
-VGPU_HIDDEN void vgpu_overhead_refresh(int dev, int force)
+VGPU_HIDDEN int vgpu_overhead_refresh(int dev, int force)
 {
     struct dev_state *s;
 
     if (dev < 0 || dev >= VGPU_MAX_DEVICES || !vgpu_budget_limit_peek(dev))
-        return;
+        return 0;
     s = &devs[dev];
     if (!force && now_ns() - __atomic_load_n(&s->last_ns, __ATOMIC_RELAXED) < NEAR_LIMIT_INTERVAL_NS)
-        return;
+        return 0;
     if (force)
         pthread_mutex_lock(&s->lock);
     else if (pthread_mutex_trylock(&s->lock) != 0)
-        return; /* another thread is measuring right now */
-    measure(dev);
+        return 0; /* another thread is measuring right now */
+    measure(dev, 0);
     pthread_mutex_unlock(&s->lock);
+    return 1;
 }
 
 VGPU_HIDDEN void vgpu_overhead_ensure(int dev)
@@ -334,7 +360,9 @@ VGPU_HIDDEN void vgpu_overhead_before_ctx(int dev, struct vgpu_ctx_probe *p)
     p->armed = 0;
     if (dev < 0 || dev >= VGPU_MAX_DEVICES || !vgpu_budget_limit_peek(dev) || !(h = nvml_of(dev)))
         return;
-    if (device_used(h, &p->used_before) != 0)
+    /* the device-wide delta stands in only while our entry is unknown: two NVML calls saved */
+    p->delta = !__atomic_load_n(&host_pid, __ATOMIC_RELAXED);
+    if (p->delta && device_used(h, &p->used_before) != 0)
         return;
     p->armed = 1;
 }
@@ -343,7 +371,7 @@ VGPU_HIDDEN CUresult vgpu_overhead_after_ctx(CUresult rc, struct vgpu_ctx_probe 
 {
     struct dev_state *s;
     unsigned long long used_after = 0;
-    uint64_t limit;
+    uint64_t limit, prev;
     nvmlDevice_t h;
     int own;
 
@@ -352,11 +380,11 @@ VGPU_HIDDEN CUresult vgpu_overhead_after_ctx(CUresult rc, struct vgpu_ctx_probe 
     s = &devs[p->dev];
     h = nvml_of(p->dev);
     pthread_mutex_lock(&s->lock);
-    if (h && device_used(h, &used_after) == 0 && used_after > p->used_before)
+    if (h && p->delta && device_used(h, &used_after) == 0 && used_after > p->used_before)
         s->fallback += used_after - p->used_before;
-    if (h && !__atomic_load_n(&host_pid, __ATOMIC_RELAXED))
-        identify(p->dev, h, 1);
-    own = measure(p->dev);
+    prev = s->charged;
+    own = measure(p->dev, 1);
+    prev = s->charged > prev ? s->charged - prev : 0; /* what the new context added */
     pthread_mutex_unlock(&s->lock);
     /* a context the container has no room for is refused, as a full GPU refuses it; only on our
      * own figure: a device-wide delta may hold other containers' allocations */
@@ -364,7 +392,7 @@ VGPU_HIDDEN CUresult vgpu_overhead_after_ctx(CUresult rc, struct vgpu_ctx_probe 
     if (own && limit && vgpu_budget_used(p->dev) > limit) {
         VGPU_WARN("device %d: a new CUDA context takes %.0f MiB the container does not have (%.0f of %.0f MiB "
                   "used): refused",
-                  p->dev, (double)(used_after > p->used_before ? used_after - p->used_before : 0) / MiB,
+                  p->dev, prev / MiB,
                   vgpu_budget_used(p->dev) / MiB, limit / MiB);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }

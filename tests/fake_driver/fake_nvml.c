@@ -24,6 +24,7 @@
  *                                  where NVML cannot see other pid namespaces' processes
  *   FAKE_NVML_DELAY_MS=N           the memory and process-list calls take N ms more (a loaded NVML)
  *   FAKE_NVML_SELF_ABSURD=1        this process's entry reports 2^53 bytes used
+ * Test hook: fake_nvml_queries (memory and process-list calls so far).
  * Link with -ldl where dlopen is not in libc (glibc < 2.34). */
 #define NVML_NO_UNVERSIONED_FUNC_DEFS /* the unversioned names are exported here as the v1 ABIs */
 #include <dlfcn.h>
@@ -61,10 +62,20 @@ static int others_with_us;
 static int self_absurd;
 static unsigned self_late_ms;
 
+static unsigned long queries;
+
+/* every memory or process-list query passes here */
 static void slow(void)
 {
+    __atomic_fetch_add(&queries, 1, __ATOMIC_RELAXED);
     if (delay_ms)
         usleep(delay_ms * 1000u);
+}
+
+/* test hook: memory and process-list queries so far */
+__attribute__((visibility("default"))) unsigned long fake_nvml_queries(void)
+{
+    return __atomic_load_n(&queries, __ATOMIC_RELAXED);
 }
 
 __attribute__((constructor)) static void fake_config(void)

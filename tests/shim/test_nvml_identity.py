@@ -121,3 +121,51 @@ def test_an_absurd_nvml_figure_is_not_charged(env: Env) -> None:
     assert first == "alloc 0", a_err
     assert second.strip() == "alloc 2", b_err      # 600 + 600 > 1000: the region still adds both up
     assert a_err.count("not believed") == 1, a_err
+
+
+COST = r"""
+#include <cuda.h>
+#include <dlfcn.h>
+#include <stdio.h>
+#include <unistd.h>
+
+int main(void)
+{
+    CUdevice d;
+    CUcontext c, c2;
+    CUdeviceptr p;
+    unsigned long (*queries)(void), q;
+    void *nvml;
+
+    if (cuInit(0) || cuDeviceGet(&d, 0) || cuDevicePrimaryCtxRetain(&c, d) || cuCtxSetCurrent(c))
+        return 1;
+    nvml = dlopen("libnvidia-ml.so.1", RTLD_NOLOAD | RTLD_LAZY);
+    queries = nvml ? (unsigned long (*)(void))dlsym(nvml, "fake_nvml_queries") : 0;
+    if (!queries)
+        return 2;
+    printf("first_ctx %lu\n", queries());
+    q = queries();
+    if (cuCtxCreate(&c2, NULL, 0, d))
+        return 3;
+    printf("second_ctx %lu\n", queries() - q);
+    cuCtxSetCurrent(c);
+    usleep(30000); /* past the 20 ms between measurements near the limit */
+    q = queries();
+    printf("refused %d\n", cuMemAlloc(&p, (size_t)850 << 20));
+    printf("refusal %lu\n", queries() - q);
+    return 0;
+}
+"""
+
+
+def test_nvml_queries_per_context_and_refusal_are_bounded(env: Env) -> None:
+    """A loaded NVML (200 ms a call in the field) costs each context creation and each refusal as
+    few queries as the measurement needs: the first context 4 (two device figures for the fallback,
+    the probe's two listings, one of which serves the measurement), later ones 1, a refusal 1."""
+    exe = env.compile_c("cost", COST, f"-L{env.fake_dir}", "-l:libcuda.so.1", "-ldl")
+    child = env.run_c(exe, {"CUDA_DEVICE_MEMORY_LIMIT": "1000m", "FAKE_CUDA_CTX_MB": "100",
+                            "FAKE_NVML_PID_OFFSET": "1000"})
+    assert child.rc == 0, (child.rc, child.stdout, child.stderr)
+    r = dict(line.split(None, 1) for line in child.stdout.splitlines())
+    assert r["refused"] == "2"
+    assert (r["first_ctx"], r["second_ctx"], r["refusal"]) == ("4", "1", "1"), r
