@@ -87,3 +87,18 @@ emit(first=rcs[:4096].count(0), last=rcs[4096:], again=again)
     assert r["last"] == [2] * 30, r                 # refused, never let through uncharged
     assert r["again"] == [0] * 10, r                # destroyed pools' slots are used again
     assert child.stderr.count("more than 4096 memory pools") == 1, child.stderr
+
+
+def test_growth_beyond_the_shortfall_that_does_not_fit_is_undone(env: Env) -> None:
+    """A real pool grows in steps (the fake: 32 MiB), so an allocation may add more to the reserve
+    than it was short of. Past the limit, the allocation is freed, the pool trimmed back and the
+    caller refused; the charge and the device agree again."""
+    r = env.run_py(POOLS + """
+pool = new_pool()
+rcs = [pool_alloc(pool, n * MiB)[0] for n in (10, 70, 10, 10)]
+emit(rcs=rcs, real=fake.fake_used(0), info=meminfo())
+""", LIMIT | {"CUDA_DEVICE_MEMORY_LIMIT": "100m", "FAKE_CUDA_POOL_GRANULE_MB": "32"}).result
+    # 10 -> reserve 32; 70 -> 96; 10 from the spare; 10 would take the reserve to 128 > 100
+    assert r["rcs"] == [0, 0, 0, 2], r
+    assert r["real"] <= 100 * MiB, r
+    assert r["info"][1] == 100 * MiB - r["real"], r     # what is charged is what the device holds
