@@ -5,8 +5,10 @@ A container restart is a new pid namespace on the same cache file whose pids rep
 the region_tool below is pid 1 in its namespace every time."""
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
+import struct
 import subprocess
 import time
 from pathlib import Path
@@ -155,9 +157,6 @@ wait()
 def test_a_readers_lock_does_not_keep_a_dead_slot_alive(region_tool: Path, region_env: dict) -> None:
     """Anyone who can read the region can read-lock a slot's liveness byte; only the owner's write
     lock means it lives, so a SIGKILLed owner's usage is still reclaimed."""
-    import fcntl
-    import struct
-
     env = {**region_env, "CUDA_DEVICE_MEMORY_LIMIT": "100m"}
     cache = Path(env["CUDA_DEVICE_MEMORY_SHARED_CACHE"])
     holder = Held(region_tool, env, "attach", f"reserve:0:{80 * MiB}")

@@ -5,6 +5,8 @@ neighbour's host pid may equal our pid inside the container. The shim confirms i
 probe (a small allocation only its own entry shows) and learns again when the evidence changes."""
 from __future__ import annotations
 
+import subprocess
+
 import pytest
 
 from .harness import Env
@@ -94,8 +96,6 @@ int main(int argc, char **argv)
 def test_an_absurd_nvml_figure_is_not_charged(env: Env) -> None:
     """One process's NVML entry reads 2^53 bytes: it is not believed (one warning) and the
     container's limit still holds across both processes."""
-    import subprocess
-
     exe = env.compile_c("holder", HOLDER, f"-L{env.fake_dir}", "-l:libcuda.so.1")
     region = {"CUDA_DEVICE_MEMORY_SHARED_CACHE": str(env.tmp / "shared.cache"), "CUDA_DEVICE_MEMORY_LIMIT": "1000m",
               "FAKE_CUDA_MEM_MB": "4096"}
@@ -108,6 +108,7 @@ def test_an_absurd_nvml_figure_is_not_charged(env: Env) -> None:
                                 stderr=subprocess.PIPE, text=True)
 
     a = start({"FAKE_NVML_SELF_ABSURD": "1"})
+    assert a.stdout is not None
     try:
         first = a.stdout.readline().strip()
         b = start({})
