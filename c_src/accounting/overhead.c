@@ -155,8 +155,8 @@ static int sane(int dev, unsigned long long bytes, unsigned pid)
     if (bytes <= t)
         return 1;
     if (!__atomic_exchange_n(&warned, 1, __ATOMIC_RELAXED))
-        VGPU_WARN("device %d: NVML reports %llu bytes used by %s%u, more than the device's %llu: not believed", dev,
-                  bytes, pid ? "host pid " : "the device, pid ", pid, (unsigned long long)t);
+        VGPU_WARN("device %d: NVML reports %llu bytes used by host pid %u, more than the device's %llu: not "
+                  "believed", dev, bytes, pid, (unsigned long long)t);
     return 0;
 }
 
@@ -175,9 +175,6 @@ static unsigned long long used_of(const nvmlProcessInfo_t *procs, int n, unsigne
     return 0;
 }
 
-/* a device's lock held: find our entry by a probe allocation; 1 when exactly one entry grew by it.
- * The probe is charged first (no room left: no probe) and made with the real cuMemCreate, which
- * needs no current context. */
 /* one process listing of a device and our charges (the overhead's aside) sampled around it */
 struct listing {
     nvmlProcessInfo_t procs[MAX_PROCS];
@@ -192,8 +189,10 @@ static void list_into(int dev, nvmlDevice_t h, struct listing *l)
     l->after = vgpu_budget_mine(dev) - devs[dev].charged;
 }
 
-/* The listing made while the probe is held serves the measurement that follows (the probe is in
- * both our charges and our entry), so identifying costs one listing more, not two. */
+/* A device's lock held: find our entry by a probe allocation; 1 when exactly one entry grew by it.
+ * The probe is charged first (no room left: no probe) and made with the real cuMemCreate, which
+ * needs no current context. The listing made while the probe is held serves the measurement that
+ * follows (the probe is in both our charges and our entry): identifying costs one listing more. */
 static int probe_identity(int dev, nvmlDevice_t h, struct listing *l)
 {
     nvmlProcessInfo_t before[MAX_PROCS];
