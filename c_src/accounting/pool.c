@@ -126,7 +126,8 @@ static void settle_to(struct slot *s, uint64_t reserved)
 static void drop(struct slot *s, CUmemoryPool pool)
 {
     vgpu_budget_release(s->dev, s->charged);
-    vgpu_table_take((uint64_t)(uintptr_t)pool, VGPU_K_POOLSLOT, &(int){0}, &(uint64_t){0});
+    if (!s->dead) /* a dead slot's handle left the table at destroy: the driver may have reused it */
+        vgpu_table_take((uint64_t)(uintptr_t)pool, VGPU_K_POOLSLOT, &(int){0}, &(uint64_t){0});
     pthread_mutex_lock(&lock);
     s->pool = NULL;
     s->charged = s->out = 0;
