@@ -40,6 +40,7 @@ struct dev_state {
     uint64_t fallback;     /* sum of used-memory deltas of our context creations */
     uint64_t last_ns;      /* last measurement */
     uint64_t gap;          /* what our confirmed entry was seen to show less than we hold */
+    int no_list;           /* the last listing failed: the fallback is all there is */
     nvmlDevice_t nvml;     /* NULL until looked up */
 };
 
@@ -273,6 +274,7 @@ again:
     n = l.n;
     before = l.before;
     after = l.after;
+    devs[dev].no_list = n < 0;
     if (n < 0) {
         no_list_warning(dev);
         set_charge(dev, devs[dev].fallback);
@@ -372,23 +374,27 @@ VGPU_HIDDEN CUresult vgpu_overhead_after_ctx(CUresult rc, struct vgpu_ctx_probe 
     unsigned long long used_after = 0;
     uint64_t limit, prev;
     nvmlDevice_t h;
-    int own;
+    int own, judge;
 
     if (!p->armed || rc != CUDA_SUCCESS)
         return rc;
     s = &devs[p->dev];
     h = nvml_of(p->dev);
     pthread_mutex_lock(&s->lock);
+    p->added = 0;
     if (h && p->delta && device_used(h, &used_after) == 0 && used_after > p->used_before)
-        s->fallback += used_after - p->used_before;
+        s->fallback += (p->added = used_after - p->used_before);
     prev = s->charged;
     own = measure(p->dev, 1);
     prev = s->charged > prev ? s->charged - prev : 0; /* what the new context added */
+    judge = own || s->no_list;
     pthread_mutex_unlock(&s->lock);
-    /* a context the container has no room for is refused, as a full GPU refuses it; only on our
-     * own figure: a device-wide delta may hold other containers' allocations */
+    /* a context the container has no room for is refused, as a full GPU refuses it: on our own
+     * figure, or on the device-wide delta when NVML cannot list processes at all (it may hold a
+     * neighbour's memory, but nothing better will ever come); not while our entry is merely not
+     * found yet */
     limit = vgpu_budget_limit(p->dev);
-    if (own && limit && vgpu_budget_used(p->dev) > limit) {
+    if (judge && limit && vgpu_budget_used(p->dev) > limit) {
         VGPU_WARN("device %d: a new CUDA context takes %.0f MiB the container does not have (%.0f of %.0f MiB "
                   "used): refused",
                   p->dev, prev / MiB,
@@ -400,6 +406,11 @@ VGPU_HIDDEN CUresult vgpu_overhead_after_ctx(CUresult rc, struct vgpu_ctx_probe 
 
 VGPU_HIDDEN void vgpu_overhead_undo_ctx(struct vgpu_ctx_probe *p)
 {
+    struct dev_state *s = &devs[p->dev];
+
+    pthread_mutex_lock(&s->lock); /* the destroyed context's delta is no longer held */
+    s->fallback -= p->added < s->fallback ? p->added : s->fallback;
+    pthread_mutex_unlock(&s->lock);
     vgpu_overhead_refresh(p->dev, 1);
 }
 
@@ -421,5 +432,6 @@ VGPU_HIDDEN void vgpu_overhead_atfork_child(void)
         devs[i].fallback = 0;
         devs[i].last_ns = 0;
         devs[i].gap = 0;
+        devs[i].no_list = 0;
     }
 }

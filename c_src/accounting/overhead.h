@@ -15,6 +15,7 @@ struct vgpu_ctx_probe {
     int armed;
     int delta;                      /* used_before was read (our NVML entry is not known yet) */
     unsigned long long used_before; /* device-wide used bytes, NVML */
+    unsigned long long added;       /* what the creation added to the fallback */
 };
 
 /* around every context creation on dev (primary retain of an inactive context, cuCtxCreate*,

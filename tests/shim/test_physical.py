@@ -155,6 +155,9 @@ def test_context_memory_is_charged_when_nvml_cannot_list_processes(env: Env, nam
     assert r["free_after_ctx"] == "156", (r, child.stderr)   # the context's 100 MiB are counted
     assert r["alloc_200"] == "2"
     assert int(r["real"]) <= 256
+    assert r["ctx2_full"] == "2"               # no room for a second context: refused on the delta
+    assert int(r["real2"]) <= 256
+    assert r["free_two_ctx"] == "56"           # the refused one's delta went with it
     assert int(r["real3"]) <= 256
     warnings = [x for x in child.stderr.splitlines() if "cannot list" in x]
     assert len(warnings) == 1, child.stderr
