@@ -51,6 +51,7 @@ static void log_refusal(int dev, uint64_t bytes)
 VGPU_HIDDEN CUresult vgpu_charge(int dev, uint64_t bytes)
 {
     uint64_t limit;
+    int measured = 0;
 
     if (VGPU_UNLIKELY(!vgpu_limits_valid()))
         return CUDA_ERROR_INVALID_VALUE; /* never run unlimited on a malformed limit */
@@ -60,13 +61,15 @@ VGPU_HIDDEN CUresult vgpu_charge(int dev, uint64_t bytes)
     if (limit) {
         uint64_t used = vgpu_budget_used(dev);
         if (VGPU_UNLIKELY(used + bytes + near_margin(limit) > limit || used + bytes < used))
-            vgpu_overhead_refresh(dev, 0);
+            measured = vgpu_overhead_refresh(dev, 0);
     }
     if (VGPU_LIKELY(vgpu_budget_reserve(dev, bytes) == 0))
         return CUDA_SUCCESS;
-    /* before refusing: pools may have been trimmed at a synchronize, contexts destroyed */
+    /* before refusing: pools may have been trimmed at a synchronize, contexts destroyed (measured
+     * once per refusal: NVML may take 200 ms a call) */
     vgpu_pool_settle_dev(dev);
-    vgpu_overhead_refresh(dev, 1);
+    if (!measured)
+        vgpu_overhead_refresh(dev, 1);
     if (vgpu_budget_reserve(dev, bytes) == 0)
         return CUDA_SUCCESS;
     log_refusal(dev, bytes);

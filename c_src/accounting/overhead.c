@@ -1,11 +1,12 @@
 /* The physical overhead of this process on each limited device (see overhead.h).
  *
  * Truth: NVML's per-process used memory (what the host's nvidia-smi shows for the process). It
- * names host pids, and inside a container our getpid() is a namespaced one, so the host pid is
- * learnt once: the pid that appears in the device's process list across our first context
- * creation (or getpid() itself when it is listed, as on the host). While it is unknown (several
- * processes started at once), the device-wide used-memory delta around each context creation
- * stands in.
+ * names host pids, and inside a container our getpid() is a namespaced one, so our entry is found
+ * by a probe: a small allocation (charged) made between two listings; the one entry that grew by
+ * its size is ours. A pid alone is not evidence: a neighbour may start during our context creation,
+ * NVML may list us late, a neighbour's host pid may equal our namespaced pid. The entry is probed
+ * again when the evidence changes (it vanishes, or shows less than we hold). While it is unknown,
+ * the device-wide used-memory delta around each context creation stands in.
  *
  * overhead(dev) = NVML(our pid, dev) - (what we charge on dev other than the overhead itself),
  * never negative; the difference to the last value is forced into the budget (the memory is
@@ -28,6 +29,9 @@
 #define MiB (1024.0 * 1024.0)
 #define NEAR_LIMIT_INTERVAL_NS 20000000ull /* 20 ms between measurements near the limit */
 #define MAX_PROCS 256
+#define PROBE_BYTES (2u << 20)              /* the allocation granularity of current GPUs */
+#define PROBE_INTERVAL_NS 100000000ull     /* 100 ms between probes that found nothing */
+#define SLACK (64ull << 20)                 /* NVML showing this much less than we hold is not news */
 
 struct dev_state {
     pthread_mutex_t lock;
@@ -35,11 +39,14 @@ struct dev_state {
     uint64_t charged;      /* what we count for the overhead now */
     uint64_t fallback;     /* sum of used-memory deltas of our context creations */
     uint64_t last_ns;      /* last measurement */
+    uint64_t gap;          /* what our confirmed entry was seen to show less than we hold */
+    int no_list;           /* the last listing failed: the fallback is all there is */
     nvmlDevice_t nvml;     /* NULL until looked up */
 };
 
 static struct dev_state devs[VGPU_MAX_DEVICES];
 static unsigned host_pid; /* 0 = unknown */
+static uint64_t last_probe_ns;
 static pthread_once_t nvml_once = PTHREAD_ONCE_INIT;
 static int nvml_ok;
 
@@ -109,19 +116,9 @@ static int device_used(nvmlDevice_t h, unsigned long long *used)
 {
     nvmlMemory_t m;
 
-    if (REAL(nvmlDeviceGetMemoryInfo)(h, &m) != NVML_SUCCESS)
+    if (REAL(nvmlDeviceGetMemoryInfo)(h, &m) != NVML_SUCCESS || m.used > m.total) /* garbage: no figure */
         return -1;
     *used = m.used;
-    return 0;
-}
-
-static int listed(unsigned pid, const unsigned *pids, unsigned n)
-{
-    unsigned i;
-
-    for (i = 0; i < n; i++)
-        if (pids[i] == pid)
-            return 1;
     return 0;
 }
 
@@ -141,143 +138,266 @@ static void set_charge(int dev, uint64_t overhead)
     __atomic_store_n(&s->measured, 1, __ATOMIC_RELAXED);
 }
 
-/* lock held; 1 when the figure is this process's own (NVML per process), 0 for the fallback */
-static int measure(int dev)
+/* An NVML figure above the device's size is garbage (one was seen at 2^53 B): believed, it would be
+ * forced into the region and make every peer judge the region corrupt. */
+static int sane(int dev, unsigned long long bytes, unsigned pid)
 {
+    static int warned;
+    static uint64_t total[VGPU_MAX_DEVICES];
+    uint64_t t = __atomic_load_n(&total[dev], __ATOMIC_RELAXED);
+    CUdevice d;
+    size_t sz;
+
+    if (!t) {
+        if (REAL(cuDeviceGet)(&d, dev) != CUDA_SUCCESS || REAL(cuDeviceTotalMem_v2)(&sz, d) != CUDA_SUCCESS || !sz)
+            return bytes < (1ull << 50); /* 1 PiB: no device is near it */
+        __atomic_store_n(&total[dev], (t = sz), __ATOMIC_RELAXED);
+    }
+    if (bytes <= t)
+        return 1;
+    if (!__atomic_exchange_n(&warned, 1, __ATOMIC_RELAXED))
+        VGPU_WARN("device %d: NVML reports %llu bytes used by host pid %u, more than the device's %llu: not "
+                  "believed", dev, bytes, pid, (unsigned long long)t);
+    return 0;
+}
+
+static int known(int dev, const nvmlProcessInfo_t *p)
+{
+    return p->usedGpuMemory != (unsigned long long)NVML_VALUE_NOT_AVAILABLE && sane(dev, p->usedGpuMemory, p->pid);
+}
+
+static unsigned long long used_of(const nvmlProcessInfo_t *procs, int n, unsigned pid)
+{
+    int i;
+
+    for (i = 0; i < n; i++)
+        if (procs[i].pid == pid && procs[i].usedGpuMemory != (unsigned long long)NVML_VALUE_NOT_AVAILABLE)
+            return procs[i].usedGpuMemory;
+    return 0;
+}
+
+/* one process listing of a device and our charges (the overhead's aside) sampled around it */
+struct listing {
     nvmlProcessInfo_t procs[MAX_PROCS];
+    int n;
+    uint64_t before, after;
+};
+
+static void list_into(int dev, nvmlDevice_t h, struct listing *l)
+{
+    l->before = vgpu_budget_mine(dev) - devs[dev].charged;
+    l->n = list_procs(h, l->procs);
+    l->after = vgpu_budget_mine(dev) - devs[dev].charged;
+}
+
+/* A device's lock held: find our entry by a probe allocation; 1 when exactly one entry grew by it.
+ * The probe is charged first (no room left: no probe) and made with the real cuMemCreate, which
+ * needs no current context. The listing made while the probe is held serves the measurement that
+ * follows (the probe is in both our charges and our entry): identifying costs one listing more. */
+static int probe_identity(int dev, nvmlDevice_t h, struct listing *l)
+{
+    nvmlProcessInfo_t before[MAX_PROCS];
+    const nvmlProcessInfo_t *during = l->procs;
+    CUmemGenericAllocationHandle mem;
+    CUmemAllocationProp prop;
+    CUdevice d;
+    unsigned found = 0;
+    int nb, nd = -1, i, hits = 0;
+
+    __atomic_store_n(&last_probe_ns, now_ns(), __ATOMIC_RELAXED);
+    if (REAL(cuDeviceGet)(&d, dev) != CUDA_SUCCESS || vgpu_budget_reserve(dev, PROBE_BYTES) != 0)
+        return 0;
+    memset(&prop, 0, sizeof prop);
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = d;
+    nb = list_procs(h, before);
+    if (nb >= 0 && REAL(cuMemCreate)(&mem, PROBE_BYTES, &prop, 0) == CUDA_SUCCESS) {
+        list_into(dev, h, l);
+        nd = l->n;
+        REAL(cuMemRelease)(mem);
+    }
+    vgpu_budget_release(dev, PROBE_BYTES);
+    for (i = 0; i < nd; i++)
+        if (known(dev, &during[i]) && during[i].usedGpuMemory >= used_of(before, nb, during[i].pid) + PROBE_BYTES) {
+            found = during[i].pid;
+            hits++;
+        }
+    if (hits != 1)
+        return 0;
+    if (__atomic_exchange_n(&host_pid, found, __ATOMIC_RELAXED) != found)
+        VGPU_INFO("NVML knows this process as host pid %u", found);
+    return 1;
+}
+
+/* rate-limited unless forced: probing costs two listings */
+static int identify(int dev, nvmlDevice_t h, int force, struct listing *l)
+{
+    if (!force && now_ns() - __atomic_load_n(&last_probe_ns, __ATOMIC_RELAXED) < PROBE_INTERVAL_NS)
+        return 0;
+    return probe_identity(dev, h, l);
+}
+
+/* Without NVML's process list (an error, a pid namespace it cannot see into) our contexts would
+ * go uncounted: the device-wide used-memory delta of our context creations stands in. It may hold
+ * a neighbour's memory too, which only makes the limit stricter. */
+static void no_list_warning(int dev)
+{
+    static int warned;
+
+    if (!__atomic_exchange_n(&warned, 1, __ATOMIC_RELAXED))
+        VGPU_WARN("device %d: NVML cannot list the processes using it: the memory of this process's CUDA contexts "
+                  "is taken from the device's used-memory change around each context creation, which may count "
+                  "other processes' memory too",
+                  dev);
+}
+
+/* lock held; 1 when the figure is this process's own (NVML per process), 0 for the fallback */
+static int measure(int dev, int force_probe)
+{
+    struct listing l;
+    const nvmlProcessInfo_t *procs = l.procs;
     nvmlDevice_t h = nvml_of(dev);
-    uint64_t before, after, ours, overhead;
-    int n, i, seen = 0;
+    uint64_t before, after, ours, overhead, held;
+    unsigned pid;
+    int n, i, seen, retried = 0, listed = 0;
 
     __atomic_store_n(&devs[dev].last_ns, now_ns(), __ATOMIC_RELAXED);
     if (!h)
         return 0;
-    before = vgpu_budget_mine(dev) - devs[dev].charged;
-    n = list_procs(h, procs);
-    after = vgpu_budget_mine(dev) - devs[dev].charged;
-    if (n < 0)
-        return 0;
-    if (!host_pid)
-        for (i = 0; i < n; i++)
-            if (procs[i].pid == (unsigned)getpid())
-                __atomic_store_n(&host_pid, (unsigned)getpid(), __ATOMIC_RELAXED);
-    if (!host_pid) {
+    if (!__atomic_load_n(&host_pid, __ATOMIC_RELAXED))
+        listed = identify(dev, h, force_probe, &l);
+again:
+    if (!listed)
+        list_into(dev, h, &l);
+    listed = 0;
+    n = l.n;
+    before = l.before;
+    after = l.after;
+    devs[dev].no_list = n < 0;
+    if (n < 0) {
+        no_list_warning(dev);
         set_charge(dev, devs[dev].fallback);
         return 0;
     }
-    for (i = 0; i < n; i++) {
-        if (procs[i].pid != host_pid)
-            continue;
-        if (procs[i].usedGpuMemory == (unsigned long long)NVML_VALUE_NOT_AVAILABLE) {
-            set_charge(dev, devs[dev].fallback); /* MIG or a vGPU host hides per-process figures */
-            return 0;
-        }
-        seen = 1;
-        ours = procs[i].usedGpuMemory;
-        /* An allocation or free racing with the reading shows in NVML between our two samples of
-         * the charges: against the larger sample it reads as no overhead, never as a phantom one
-         * that would stay charged */
-        overhead = before > after ? before : after;
-        overhead = ours > overhead ? ours - overhead : 0;
-        set_charge(dev, overhead);
+    pid = __atomic_load_n(&host_pid, __ATOMIC_RELAXED);
+    if (!pid) {
+        set_charge(dev, devs[dev].fallback);
+        return 0;
     }
-    if (!seen)
+    for (i = 0; i < n && procs[i].pid != pid; i++)
+        ;
+    seen = i < n;
+    if (seen && !known(dev, &procs[i])) {
+        set_charge(dev, devs[dev].fallback); /* MIG or a vGPU host hides per-process figures */
+        return 0;
+    }
+    ours = seen ? procs[i].usedGpuMemory : 0;
+    held = before < after ? before : after;
+    /* the evidence changed: the entry shows less than we surely hold (or is gone while we hold
+     * memory): it is not ours, or no longer; probe again and judge by what that finds */
+    if (held > ours + SLACK + devs[dev].gap && !retried &&
+        now_ns() - __atomic_load_n(&last_probe_ns, __ATOMIC_RELAXED) >= PROBE_INTERVAL_NS) {
+        retried = 1;
+        VGPU_INFO("device %d: NVML's entry for host pid %u shows %.0f MiB, less than this process holds: "
+                  "finding its entry again", dev, pid, ours / MiB);
+        if ((listed = probe_identity(dev, h, &l))) {
+            /* the same entry again: what it does not show (managed memory not yet touched) is
+             * accepted until the gap grows further */
+            devs[dev].gap = __atomic_load_n(&host_pid, __ATOMIC_RELAXED) == pid ? held - ours : 0;
+        } else {
+            __atomic_store_n(&host_pid, 0, __ATOMIC_RELAXED);
+            if (devs[dev].charged > devs[dev].fallback) /* the last figure we trusted stands in */
+                devs[dev].fallback = devs[dev].charged;
+        }
+        goto again;
+    }
+    if (!seen) {
         set_charge(dev, 0); /* no context of ours on this device (any more) */
+        return 1;
+    }
+    /* An allocation or free racing with the reading shows in NVML between our two samples of the
+     * charges: against the larger sample it reads as no overhead, never as a phantom one that
+     * would stay charged */
+    overhead = before > after ? before : after;
+    overhead = ours > overhead ? ours - overhead : 0;
+    set_charge(dev, overhead);
     return 1;
 }
 
-VGPU_HIDDEN void vgpu_overhead_refresh(int dev, int force)
+VGPU_HIDDEN int vgpu_overhead_refresh(int dev, int force)
 {
     struct dev_state *s;
 
     if (dev < 0 || dev >= VGPU_MAX_DEVICES || !vgpu_budget_limit_peek(dev))
-        return;
+        return 0;
     s = &devs[dev];
     if (!force && now_ns() - __atomic_load_n(&s->last_ns, __ATOMIC_RELAXED) < NEAR_LIMIT_INTERVAL_NS)
-        return;
+        return 0;
     if (force)
         pthread_mutex_lock(&s->lock);
     else if (pthread_mutex_trylock(&s->lock) != 0)
-        return; /* another thread is measuring right now */
-    measure(dev);
+        return 0; /* another thread is measuring right now */
+    measure(dev, 0);
     pthread_mutex_unlock(&s->lock);
+    return 1;
 }
 
 VGPU_HIDDEN void vgpu_overhead_ensure(int dev)
 {
-    if (dev >= 0 && dev < VGPU_MAX_DEVICES && !__atomic_load_n(&devs[dev].measured, __ATOMIC_RELAXED))
+    if (dev < 0 || dev >= VGPU_MAX_DEVICES)
+        return;
+    if (!__atomic_load_n(&devs[dev].measured, __ATOMIC_RELAXED))
         vgpu_overhead_refresh(dev, 1);
+    else if (!__atomic_load_n(&host_pid, __ATOMIC_RELAXED))
+        vgpu_overhead_refresh(dev, 0); /* still estimated: NVML may list us by now (rate-limited) */
 }
 
 VGPU_HIDDEN void vgpu_overhead_before_ctx(int dev, struct vgpu_ctx_probe *p)
 {
-    nvmlProcessInfo_t procs[MAX_PROCS];
     nvmlDevice_t h;
-    int n, i;
 
     p->dev = dev;
     p->armed = 0;
-    p->npids = 0;
     if (dev < 0 || dev >= VGPU_MAX_DEVICES || !vgpu_budget_limit_peek(dev) || !(h = nvml_of(dev)))
         return;
-    if (device_used(h, &p->used_before) != 0)
+    /* the device-wide delta stands in only while our entry is unknown: two NVML calls saved */
+    p->delta = !__atomic_load_n(&host_pid, __ATOMIC_RELAXED);
+    if (p->delta && device_used(h, &p->used_before) != 0)
         return;
-    if (!__atomic_load_n(&host_pid, __ATOMIC_RELAXED) && (n = list_procs(h, procs)) >= 0)
-        for (i = 0; i < n && p->npids < sizeof p->pids / sizeof p->pids[0]; i++)
-            p->pids[p->npids++] = procs[i].pid;
     p->armed = 1;
-}
-
-/* the one pid that appeared across our context creation is ours */
-static void learn_host_pid(nvmlDevice_t h, const struct vgpu_ctx_probe *p)
-{
-    nvmlProcessInfo_t procs[MAX_PROCS];
-    unsigned found = 0, fresh = 0;
-    int n = list_procs(h, procs), i;
-
-    for (i = 0; i < n; i++) {
-        if (procs[i].pid == (unsigned)getpid()) {
-            found = procs[i].pid;
-            fresh = 1;
-            break;
-        }
-        if (!listed(procs[i].pid, p->pids, p->npids)) {
-            found = procs[i].pid;
-            fresh++;
-        }
-    }
-    if (fresh == 1) {
-        __atomic_store_n(&host_pid, found, __ATOMIC_RELAXED);
-        VGPU_INFO("NVML knows this process as host pid %u", found);
-    }
 }
 
 VGPU_HIDDEN CUresult vgpu_overhead_after_ctx(CUresult rc, struct vgpu_ctx_probe *p)
 {
     struct dev_state *s;
     unsigned long long used_after = 0;
-    uint64_t limit;
+    uint64_t limit, prev;
     nvmlDevice_t h;
-    int own;
+    int own, judge;
 
     if (!p->armed || rc != CUDA_SUCCESS)
         return rc;
     s = &devs[p->dev];
     h = nvml_of(p->dev);
     pthread_mutex_lock(&s->lock);
-    if (h && device_used(h, &used_after) == 0 && used_after > p->used_before)
-        s->fallback += used_after - p->used_before;
-    if (h && !__atomic_load_n(&host_pid, __ATOMIC_RELAXED))
-        learn_host_pid(h, p);
-    own = measure(p->dev);
+    p->added = 0;
+    if (h && p->delta && device_used(h, &used_after) == 0 && used_after > p->used_before)
+        s->fallback += (p->added = used_after - p->used_before);
+    prev = s->charged;
+    own = measure(p->dev, 1);
+    prev = s->charged > prev ? s->charged - prev : 0; /* what the new context added */
+    judge = own || s->no_list;
     pthread_mutex_unlock(&s->lock);
-    /* a context the container has no room for is refused, as a full GPU refuses it; only on our
-     * own figure: a device-wide delta may hold other containers' allocations */
+    /* a context the container has no room for is refused, as a full GPU refuses it: on our own
+     * figure, or on the device-wide delta when NVML cannot list processes at all (it may hold a
+     * neighbour's memory, but nothing better will ever come); not while our entry is merely not
+     * found yet */
     limit = vgpu_budget_limit(p->dev);
-    if (own && limit && vgpu_budget_used(p->dev) > limit) {
+    if (judge && limit && vgpu_budget_used(p->dev) > limit) {
         VGPU_WARN("device %d: a new CUDA context takes %.0f MiB the container does not have (%.0f of %.0f MiB "
                   "used): refused",
-                  p->dev, (double)(used_after > p->used_before ? used_after - p->used_before : 0) / MiB,
+                  p->dev, prev / MiB,
                   vgpu_budget_used(p->dev) / MiB, limit / MiB);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
@@ -286,6 +406,11 @@ VGPU_HIDDEN CUresult vgpu_overhead_after_ctx(CUresult rc, struct vgpu_ctx_probe 
 
 VGPU_HIDDEN void vgpu_overhead_undo_ctx(struct vgpu_ctx_probe *p)
 {
+    struct dev_state *s = &devs[p->dev];
+
+    pthread_mutex_lock(&s->lock); /* the destroyed context's delta is no longer held */
+    s->fallback -= p->added < s->fallback ? p->added : s->fallback;
+    pthread_mutex_unlock(&s->lock);
     vgpu_overhead_refresh(p->dev, 1);
 }
 
@@ -299,11 +424,14 @@ VGPU_HIDDEN void vgpu_overhead_atfork_child(void)
     int i;
 
     host_pid = 0;
+    last_probe_ns = 0;
     for (i = 0; i < VGPU_MAX_DEVICES; i++) {
         pthread_mutex_init(&devs[i].lock, NULL);
         devs[i].measured = 0;
         devs[i].charged = 0;
         devs[i].fallback = 0;
         devs[i].last_ns = 0;
+        devs[i].gap = 0;
+        devs[i].no_list = 0;
     }
 }

@@ -13,9 +13,9 @@
 struct vgpu_ctx_probe {
     int dev;
     int armed;
+    int delta;                      /* used_before was read (our NVML entry is not known yet) */
     unsigned long long used_before; /* device-wide used bytes, NVML */
-    unsigned npids;
-    unsigned pids[64];              /* processes on the device before (host pids), while ours is unknown */
+    unsigned long long added;       /* what the creation added to the fallback */
 };
 
 /* around every context creation on dev (primary retain of an inactive context, cuCtxCreate*,
@@ -25,9 +25,11 @@ struct vgpu_ctx_probe {
 VGPU_HIDDEN void vgpu_overhead_before_ctx(int dev, struct vgpu_ctx_probe *p);
 VGPU_HIDDEN CUresult vgpu_overhead_after_ctx(CUresult rc, struct vgpu_ctx_probe *p);
 VGPU_HIDDEN void vgpu_overhead_undo_ctx(struct vgpu_ctx_probe *p);
-/* measure again (rate-limited unless force) and settle the charge; no-op without a limit on dev */
-VGPU_HIDDEN void vgpu_overhead_refresh(int dev, int force);
-/* measure once if this device was never measured (a context made before we could see it) */
+/* measure again (rate-limited unless force) and settle the charge; no-op without a limit on dev;
+ * 1 when it measured */
+VGPU_HIDDEN int vgpu_overhead_refresh(int dev, int force);
+/* measure once if this device was never measured (a context made before we could see it), and
+ * again (rate-limited) while our NVML entry is not known yet */
 VGPU_HIDDEN void vgpu_overhead_ensure(int dev);
 /* this process's host pid as NVML reports it, 0 while unknown */
 VGPU_HIDDEN unsigned vgpu_overhead_host_pid(void);

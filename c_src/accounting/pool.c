@@ -1,23 +1,43 @@
-/* Pool charges (see pool.h). A small table of the pools this process allocated from, under one
- * mutex that covers only the bookkeeping and one attribute read (no allocation ever runs under
- * it): two settles of one pool must not apply readings out of order. */
+/* Pool charges (see pool.h). Each pool this process allocated from has a slot; slots live in
+ * chunks that never move (a slot's lock stays put), found through the table (pool -> slot).
+ *
+ * Locks: `lock` covers slot assignment only; a slot's `grow` covers its charge and is held across
+ * one allocation's driver call. Order: grow, then lock; `lock` is never held while waiting for a
+ * grow (vgpu_pool_settle_dev only tries it), so a thread refused inside vgpu_pool_begin (which
+ * settles the device's pools) cannot deadlock with another pool's allocation. */
 #include <pthread.h>
 #include <stddef.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "accounting/budget.h"
+#include "accounting/charge.h"
 #include "accounting/pool.h"
+#include "accounting/table.h"
 #include "driver/real.h"
 #include "log/log.h"
 
-#define NPOOLS 128
+#define CHUNK 64
+#define NCHUNKS (VGPU_POOLS_MAX / CHUNK)
 
-static struct {
-    CUmemoryPool pool;
+struct slot {
+    pthread_mutex_t grow;
+    CUmemoryPool pool; /* NULL: free */
     int dev;
-    uint64_t charged;
-} pools[NPOOLS];
+    int dead;          /* destroyed with allocations outstanding: only frees remain */
+    uint64_t charged;  /* what dev is charged for this pool (under grow) */
+    uint64_t out;      /* bytes of its allocations made through us and not freed (under grow) */
+};
+
+static struct slot *chunks[NCHUNKS];
+static int nslots; /* slots in chunks so far (under lock) */
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static int pooled_live; /* pool allocations in the table: frees skip the lookup while 0 */
+
+static struct slot *at(int i)
+{
+    return &chunks[i / CHUNK][i % CHUNK];
+}
 
 static int attr(CUmemoryPool pool, CUmemPool_attribute a, uint64_t *out)
 {
@@ -39,97 +59,257 @@ VGPU_HIDDEN CUmemoryPool vgpu_pool_current(int dev)
     return pool;
 }
 
-VGPU_HIDDEN uint64_t vgpu_pool_need(CUmemoryPool pool, uint64_t bytes)
+/* lock held: a free slot (a new chunk when all are taken), -1 when VGPU_POOLS_MAX are in use */
+static int free_slot(void)
 {
-    uint64_t reserved, used;
+    int i;
 
-    if (!pool || attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &reserved) ||
-        attr(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &used) || used > reserved)
-        return bytes;
-    return reserved - used >= bytes ? 0 : bytes - (reserved - used);
+    for (i = 0; i < nslots; i++)
+        if (!at(i)->pool)
+            return i;
+    if (nslots == VGPU_POOLS_MAX)
+        return -1;
+    if (nslots % CHUNK == 0) {
+        struct slot *c = calloc(CHUNK, sizeof *c);
+        if (!c)
+            return -1;
+        for (i = 0; i < CHUNK; i++)
+            pthread_mutex_init(&c[i].grow, NULL);
+        chunks[nslots / CHUNK] = c;
+    }
+    __atomic_store_n(&nslots, nslots + 1, __ATOMIC_RELEASE); /* after its chunk exists */
+    return nslots - 1;
 }
 
-/* lock held: the slot of pool, a free one for it when absent and dev >= 0, else -1 */
+/* the slot of a live pool, assigned on first use; -1 when none is left */
 static int slot_of(CUmemoryPool pool, int dev)
 {
-    int i, free_slot = -1;
+    static int warned;
+    int i, d;
+    uint64_t cached;
 
-    for (i = 0; i < NPOOLS; i++) {
-        if (pools[i].pool == pool)
-            return i;
-        if (!pools[i].pool && free_slot < 0)
-            free_slot = i;
+    if (vgpu_table_get((uint64_t)(uintptr_t)pool, VGPU_K_POOLSLOT, &d, &cached)) {
+        i = (int)cached;
+        if (i < __atomic_load_n(&nslots, __ATOMIC_ACQUIRE) && at(i)->pool == pool && !at(i)->dead)
+            return i; /* checked again under its grow lock */
     }
-    if (free_slot >= 0 && dev >= 0) {
-        pools[free_slot].pool = pool;
-        pools[free_slot].dev = dev;
-        pools[free_slot].charged = 0;
-    } else if (dev >= 0) {
-        VGPU_WARN("more than %d memory pools in use: further pools are charged per allocation", NPOOLS);
+    pthread_mutex_lock(&lock);
+    for (i = 0; i < nslots; i++)
+        if (at(i)->pool == pool && !at(i)->dead)
+            break;
+    if (i == nslots && (i = free_slot()) >= 0) {
+        struct slot *s = at(i);
+        s->pool = pool;
+        s->dev = dev;
+        s->dead = 0;
+        s->charged = s->out = 0;
     }
-    return dev >= 0 ? free_slot : -1;
+    pthread_mutex_unlock(&lock);
+    if (i >= 0)
+        vgpu_table_put((uint64_t)(uintptr_t)pool, VGPU_K_POOLSLOT, dev, (uint64_t)i);
+    else if (!__atomic_exchange_n(&warned, 1, __ATOMIC_RELAXED))
+        VGPU_WARN("more than %d memory pools in use: allocations from further pools are refused", VGPU_POOLS_MAX);
+    return i;
 }
 
-/* lock held */
-static int settle_slot(int i)
+/* grow held: charge dev exactly the reserve the driver reports */
+static void settle_to(struct slot *s, uint64_t reserved)
+{
+    if (reserved > s->charged)
+        vgpu_budget_force(s->dev, reserved - s->charged); /* grown behind our back (an imported pool) */
+    else
+        vgpu_budget_release(s->dev, s->charged - reserved);
+    s->charged = reserved;
+}
+
+/* grow held, the slot emptied: give it back */
+static void drop(struct slot *s, CUmemoryPool pool)
+{
+    vgpu_budget_release(s->dev, s->charged);
+    if (!s->dead) /* a dead slot's handle left the table at destroy: the driver may have reused it */
+        vgpu_table_take((uint64_t)(uintptr_t)pool, VGPU_K_POOLSLOT, &(int){0}, &(uint64_t){0});
+    pthread_mutex_lock(&lock);
+    s->pool = NULL;
+    s->charged = s->out = 0;
+    s->dead = 0;
+    pthread_mutex_unlock(&lock);
+}
+
+VGPU_HIDDEN CUresult vgpu_pool_begin(struct vgpu_pool_op *op, int dev, CUmemoryPool pool, uint64_t bytes)
+{
+    uint64_t reserved, used;
+    struct slot *s;
+    CUresult rc;
+
+    op->dev = dev;
+    op->slot = -1;
+    op->need = 0;
+    op->pool = pool;
+    if (dev < 0)
+        return CUDA_SUCCESS; /* host pool or unknown device: not charged */
+    if (!pool) {
+        op->need = bytes;
+        return vgpu_charge(dev, bytes);
+    }
+    if ((op->slot = slot_of(pool, dev)) < 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    s = at(op->slot);
+    pthread_mutex_lock(&s->grow);
+    if (s->pool != pool || s->dead || attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &reserved) != 0 ||
+        attr(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &used) != 0 || used > reserved) {
+        /* no reserve to read (or destroyed meanwhile): charged per allocation, like linear memory */
+        pthread_mutex_unlock(&s->grow);
+        op->slot = -1;
+        op->need = bytes;
+        return vgpu_charge(dev, bytes);
+    }
+    settle_to(s, reserved); /* trimmed since the last allocation: the charge follows */
+    op->need = reserved - used >= bytes ? 0 : bytes - (reserved - used);
+    rc = vgpu_charge(dev, op->need);
+    if (rc != CUDA_SUCCESS)
+        pthread_mutex_unlock(&s->grow);
+    return rc;
+}
+
+/* grow held: the allocation grew the pool beyond its shortfall (granularity, or a trim from
+ * another thread between reading and calling) and the excess does not fit: free it, trim the pool
+ * back to what is charged and refuse */
+static CUresult undo(struct slot *s, CUmemoryPool pool, CUdeviceptr *dptr, CUstream st)
 {
     uint64_t reserved;
 
-    if (attr(pools[i].pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &reserved) != 0)
-        return -1;
-    if (reserved > pools[i].charged)
-        vgpu_budget_force(pools[i].dev, reserved - pools[i].charged);
-    else
-        vgpu_budget_release(pools[i].dev, pools[i].charged - reserved);
-    pools[i].charged = reserved;
-    return 0;
+    REAL(cuMemFreeAsync)(*dptr, st);
+    REAL(cuStreamSynchronize)(st);
+    REAL(cuMemPoolTrimTo)(pool, s->charged);
+    *dptr = 0;
+    if (attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &reserved) == 0)
+        settle_to(s, reserved);
+    return CUDA_ERROR_OUT_OF_MEMORY;
 }
 
-VGPU_HIDDEN int vgpu_pool_settle(CUmemoryPool pool, int dev)
+VGPU_HIDDEN CUresult vgpu_pool_end(struct vgpu_pool_op *op, CUresult rc, CUdeviceptr *dptr, uint64_t bytes,
+                                   CUstream st)
 {
-    int i, rc = -1;
+    struct slot *s;
+    uint64_t reserved;
 
-    if (!pool || dev < 0)
-        return -1;
-    pthread_mutex_lock(&lock);
-    i = slot_of(pool, dev);
-    if (i >= 0) {
-        rc = settle_slot(i);
-        if (rc != 0 && !pools[i].charged)
-            pools[i].pool = NULL; /* never charged this way: leave it to per-allocation charges */
+    if (op->dev < 0)
+        return rc;
+    if (op->slot < 0) {
+        vgpu_settle(rc, rc == CUDA_SUCCESS ? *dptr : 0, VGPU_K_DPTR, op->dev, op->need);
+        return rc;
     }
-    pthread_mutex_unlock(&lock);
+    s = at(op->slot);
+    s->charged += op->need; /* the shortfall is the pool's now */
+    if (attr(op->pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &reserved) != 0) {
+        if (rc != CUDA_SUCCESS) { /* unreadable now: a failed call took nothing */
+            vgpu_budget_release(s->dev, op->need);
+            s->charged -= op->need;
+        }
+    } else if (rc == CUDA_SUCCESS && reserved > s->charged) {
+        if (vgpu_budget_reserve(s->dev, reserved - s->charged) == 0)
+            s->charged = reserved;
+        else
+            rc = undo(s, op->pool, dptr, st);
+    } else {
+        settle_to(s, reserved);
+    }
+    if (rc == CUDA_SUCCESS && vgpu_table_put(*dptr, VGPU_K_POOLED, op->slot, bytes) == 0) {
+        s->out += bytes;
+        __atomic_fetch_add(&pooled_live, 1, __ATOMIC_RELAXED);
+    }
+    pthread_mutex_unlock(&s->grow);
     return rc;
+}
+
+VGPU_HIDDEN struct vgpu_pooled vgpu_pool_untrack(CUdeviceptr p)
+{
+    struct vgpu_pooled t = {-1, 0};
+    int slot;
+
+    if (p && __atomic_load_n(&pooled_live, __ATOMIC_RELAXED) &&
+        vgpu_table_take(p, VGPU_K_POOLED, &slot, &t.size))
+        t.slot = slot;
+    return t;
+}
+
+VGPU_HIDDEN void vgpu_pool_untrack_done(CUresult rc, CUdeviceptr p, struct vgpu_pooled t)
+{
+    struct slot *s;
+    uint64_t back;
+
+    if (t.slot < 0)
+        return;
+    if (rc != CUDA_SUCCESS) {
+        vgpu_table_put(p, VGPU_K_POOLED, t.slot, t.size); /* the driver kept it */
+        return;
+    }
+    __atomic_fetch_sub(&pooled_live, 1, __ATOMIC_RELAXED);
+    s = at(t.slot);
+    pthread_mutex_lock(&s->grow);
+    s->out -= t.size < s->out ? t.size : s->out;
+    if (s->dead) { /* the driver gives a destroyed pool's memory back allocation by allocation */
+        back = t.size < s->charged ? t.size : s->charged;
+        vgpu_budget_release(s->dev, back);
+        s->charged -= back;
+        if (!s->out)
+            drop(s, s->pool);
+    }
+    pthread_mutex_unlock(&s->grow);
 }
 
 VGPU_HIDDEN void vgpu_pool_settle_dev(int dev)
 {
+    uint64_t reserved;
     int i;
 
     pthread_mutex_lock(&lock);
-    for (i = 0; i < NPOOLS; i++)
-        if (pools[i].pool && pools[i].dev == dev)
-            settle_slot(i);
+    for (i = 0; i < nslots; i++) {
+        struct slot *s = at(i);
+        if (!s->pool || s->dead || s->dev != dev || pthread_mutex_trylock(&s->grow) != 0)
+            continue; /* an allocation in flight settles its pool itself */
+        if (attr(s->pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &reserved) == 0)
+            settle_to(s, reserved);
+        pthread_mutex_unlock(&s->grow);
+    }
     pthread_mutex_unlock(&lock);
 }
 
 VGPU_HIDDEN void vgpu_pool_forget(CUmemoryPool pool)
 {
-    int i;
+    int d, i;
+    uint64_t cached, keep;
+    struct slot *s;
 
-    pthread_mutex_lock(&lock);
-    i = slot_of(pool, -1);
-    if (i >= 0) {
-        vgpu_budget_release(pools[i].dev, pools[i].charged);
-        pools[i].pool = NULL;
-        pools[i].charged = 0;
+    if (!vgpu_table_get((uint64_t)(uintptr_t)pool, VGPU_K_POOLSLOT, &d, &cached))
+        return; /* never allocated from through us */
+    i = (int)cached;
+    s = at(i);
+    pthread_mutex_lock(&s->grow);
+    if (s->pool == pool && !s->dead) {
+        keep = s->out < s->charged ? s->out : s->charged;
+        vgpu_budget_release(s->dev, s->charged - keep); /* the spare reserve went back at once */
+        s->charged = keep;
+        if (s->out) {
+            s->dead = 1;
+            vgpu_table_take((uint64_t)(uintptr_t)pool, VGPU_K_POOLSLOT, &d, &cached); /* the handle may be reused */
+        } else {
+            drop(s, pool);
+        }
     }
-    pthread_mutex_unlock(&lock);
+    pthread_mutex_unlock(&s->grow);
 }
 
 /* a forked child holds none of its parent's pools */
 VGPU_HIDDEN void vgpu_pool_atfork_child(void)
 {
-    memset(pools, 0, sizeof pools);
+    int i;
+
+    for (i = 0; i < nslots; i++) {
+        struct slot *s = at(i);
+        memset(s, 0, sizeof *s);
+        pthread_mutex_init(&s->grow, NULL);
+    }
     pthread_mutex_init(&lock, NULL);
+    pooled_live = 0;
 }

@@ -2,7 +2,15 @@
  * (CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT), not the sum of live allocations. A pool keeps freed
  * memory reserved up to its release threshold (PyTorch's cudaMallocAsync backend keeps all of
  * it), so an allocation-sized charge returned at cuMemFreeAsync would let a later cuMemAlloc
- * take the same bytes again. */
+ * take the same bytes again.
+ *
+ * One allocation of a pool at a time may make the pool grow: vgpu_pool_begin holds the pool's
+ * lock from reading its spare reserve, through the checked charge of the shortfall and the real
+ * call, to vgpu_pool_end, which settles the charge to the reserve the driver reports. Threads that
+ * saw the same spare reserve can therefore never all be let through (issue 20, item 1).
+ *
+ * A pool destroyed while allocations are outstanding keeps their memory until they are freed
+ * (the driver defers it): that part stays charged and is given back free by free. */
 #ifndef VGPU_POOL_H
 #define VGPU_POOL_H
 
@@ -11,16 +19,38 @@
 
 #include "vgpu.h"
 
+/* at most this many pools are charged by their reserve at once; allocations from further ones
+ * are refused (one warning), never let through uncharged */
+#define VGPU_POOLS_MAX 4096
+
+struct vgpu_pool_op {
+    int dev;
+    int slot;      /* -1: charged per allocation (no reserve attribute), or nothing to charge */
+    uint64_t need; /* charged before the call */
+    CUmemoryPool pool;
+};
+
 /* the device's current pool (what cuMemAllocAsync draws from), NULL when the driver cannot say */
 VGPU_HIDDEN CUmemoryPool vgpu_pool_current(int dev);
-/* bytes an allocation of `bytes` from pool may add to its reserve (what is not spare already) */
-VGPU_HIDDEN uint64_t vgpu_pool_need(CUmemoryPool pool, uint64_t bytes);
-/* read the pool's reserve and settle its charge on dev to it; 0, or -1 when the pool cannot be
- * charged this way (no attribute, table full): the caller then charges per allocation */
-VGPU_HIDDEN int vgpu_pool_settle(CUmemoryPool pool, int dev);
-/* settle every pool of dev (before refusing: a synchronize may have trimmed them) */
+/* before an allocation of `bytes` from pool on dev: CUDA_SUCCESS to make the call (then
+ * vgpu_pool_end must follow), else the code to return without calling the driver */
+VGPU_HIDDEN CUresult vgpu_pool_begin(struct vgpu_pool_op *op, int dev, CUmemoryPool pool, uint64_t bytes);
+/* after the call that returned rc: settle the charge; the result is what the wrapper returns (an
+ * allocation that grew the pool past the limit is undone and refused) */
+VGPU_HIDDEN CUresult vgpu_pool_end(struct vgpu_pool_op *op, CUresult rc, CUdeviceptr *dptr, uint64_t bytes,
+                                   CUstream s);
+/* around any free of a device pointer: the pool allocation it was, if any (the table entry is
+ * taken out before the free and put back if the driver refuses it) */
+struct vgpu_pooled {
+    int slot; /* -1: not a pool allocation we made */
+    uint64_t size;
+};
+VGPU_HIDDEN struct vgpu_pooled vgpu_pool_untrack(CUdeviceptr p);
+VGPU_HIDDEN void vgpu_pool_untrack_done(CUresult rc, CUdeviceptr p, struct vgpu_pooled t);
+/* settle every pool of dev that no allocation is growing (before refusing: a synchronize may
+ * have trimmed them) */
 VGPU_HIDDEN void vgpu_pool_settle_dev(int dev);
-/* the pool is gone: give its charge back */
+/* the pool is destroyed: its spare reserve is given back, what is still allocated stays charged */
 VGPU_HIDDEN void vgpu_pool_forget(CUmemoryPool pool);
 VGPU_HIDDEN void vgpu_pool_atfork_child(void);
 

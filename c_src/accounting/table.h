@@ -14,6 +14,8 @@ enum vgpu_kind {
     VGPU_K_ARRAY = 3,  /* cuArrayCreate / cuArray3DCreate: key = CUarray */
     VGPU_K_MIPMAP = 4, /* cuMipmappedArrayCreate: key = CUmipmappedArray */
     VGPU_K_POOL = 5,   /* memory pool -> its device (size unused): key = CUmemoryPool */
+    VGPU_K_POOLED = 6, /* allocation from a charged pool -> (pool slot, size): key = CUdeviceptr */
+    VGPU_K_POOLSLOT = 7, /* memory pool -> (device, pool slot): key = CUmemoryPool (accounting/pool.c) */
 };
 
 /* 0 on success, -1 when out of memory; an existing (key, kind) is overwritten */

@@ -22,9 +22,18 @@ VGPU_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
 }
 VGPU_OWN_ALIAS(cuMemAlloc_v2)
 
+/* any free: a pool allocation (accounting/pool.h) or one charged by itself */
+#define FREED(dptr, call) \
+    __extension__({ \
+        struct vgpu_pooled pooled_ = vgpu_pool_untrack(dptr); \
+        CUresult frc_ = VGPU_UNTRACKED((dptr), VGPU_K_DPTR, (call)); \
+        vgpu_pool_untrack_done(frc_, (dptr), pooled_); \
+        frc_; \
+    })
+
 VGPU_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
 {
-    return VGPU_UNTRACKED(dptr, VGPU_K_DPTR, REAL(cuMemFree_v2)(dptr));
+    return FREED(dptr, REAL(cuMemFree_v2)(dptr));
 }
 VGPU_OWN_ALIAS(cuMemFree_v2)
 
@@ -69,30 +78,15 @@ VGPU_OWN_ALIAS(cuMemAllocManaged)
 
 /* ---- stream-ordered: the device comes from the stream / pool, never from this thread's context.
  * The charge is the pool's reserve (accounting/pool.h): before the call, what the allocation may
- * add to it; after, the reserve as the driver reports it. A pool that cannot be read that way
- * (no reserve attribute) is charged per allocation, as linear memory is. ---- */
-static CUresult pooled(int dev, CUmemoryPool pool, CUdeviceptr *dptr, size_t bytesize, CUresult rc_call,
-                       uint64_t need)
-{
-    if (dev < 0)
-        return rc_call;
-    vgpu_budget_release(dev, need);
-    if (vgpu_pool_settle(pool, dev) == 0)
-        return rc_call;
-    /* per allocation: charge it now, the driver already gave it */
-    if (rc_call == CUDA_SUCCESS) {
-        vgpu_budget_force(dev, bytesize);
-        vgpu_settle(CUDA_SUCCESS, *dptr, VGPU_K_DPTR, dev, bytesize);
-    }
-    return rc_call;
-}
-
-#define POOLED(dev, pool, dptr, bytesize, call) \
+ * add to it, with the pool held so that no other allocation sees the same spare reserve; after,
+ * the reserve as the driver reports it. A pool that cannot be read that way (no reserve
+ * attribute) is charged per allocation, as linear memory is. ---- */
+#define POOLED(dev, pool, dptr, bytesize, stream, call) \
     __extension__({ \
-        uint64_t need_ = vgpu_pool_need((pool), (bytesize)); \
-        CUresult rc_ = vgpu_charge((dev), need_); \
+        struct vgpu_pool_op op_; \
+        CUresult rc_ = vgpu_pool_begin(&op_, (dev), (pool), (bytesize)); \
         if (rc_ == CUDA_SUCCESS) \
-            rc_ = pooled((dev), (pool), (dptr), (bytesize), (call), need_); \
+            rc_ = vgpu_pool_end(&op_, (call), (dptr), (bytesize), (stream)); \
         rc_; \
     })
 
@@ -101,7 +95,7 @@ static CUresult alloc_async(__typeof__(&cuMemAllocAsync) real, CUdeviceptr *dptr
     int dev = vgpu_dev_from_stream(s);
     CUmemoryPool pool = vgpu_pool_current(dev);
 
-    return POOLED(dev, pool, dptr, bytesize, real(dptr, bytesize, s));
+    return POOLED(dev, pool, dptr, bytesize, s, real(dptr, bytesize, s));
 }
 
 VGPU_EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
@@ -120,7 +114,7 @@ static CUresult alloc_pool(__typeof__(&cuMemAllocFromPoolAsync) real, CUdevicept
 {
     int dev = vgpu_dev_from_pool(pool, s);
 
-    return POOLED(dev, pool, dptr, bytesize, real(dptr, bytesize, pool, s));
+    return POOLED(dev, pool, dptr, bytesize, s, real(dptr, bytesize, pool, s));
 }
 
 VGPU_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream)
@@ -136,17 +130,16 @@ VGPU_HIDDEN CUresult vgpu_own_cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, si
 }
 
 /* The memory goes back to its pool, which keeps it reserved (and charged) until the driver trims
- * the pool; only allocations charged one by one are released here. */
+ * the pool; only allocations charged one by one, or from a destroyed pool, are released here. */
 VGPU_EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream)
 {
-    return VGPU_UNTRACKED(dptr, VGPU_K_DPTR, REAL(cuMemFreeAsync)(dptr, hStream));
+    return FREED(dptr, REAL(cuMemFreeAsync)(dptr, hStream));
 }
 VGPU_OWN_ALIAS(cuMemFreeAsync)
 
 VGPU_HIDDEN CUresult vgpu_own_cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream)
 {
-    return VGPU_UNTRACKED(dptr, VGPU_K_DPTR,
-                          ((__typeof__(&cuMemFreeAsync))vgpu_var_fn(VGPU_VAR_cuMemFreeAsync_ptsz))(dptr, hStream));
+    return FREED(dptr, ((__typeof__(&cuMemFreeAsync))vgpu_var_fn(VGPU_VAR_cuMemFreeAsync_ptsz))(dptr, hStream));
 }
 
 /* ---- pools: remember each pool's device for drivers without CU_MEMPOOL_ATTR_LOCATION_* ---- */

@@ -165,7 +165,7 @@ VGPU_HIDDEN int vgpu_live_probe(int fd, uint64_t nonce)
             ofd_ok = 0;
         return -1;
     }
-    return fl.l_type != F_UNLCK;
+    return fl.l_type == F_WRLCK; /* a read lock is a reader's, never the owner's: not a sign of life */
 }
 
 /* glibc's dev_t encoding, by hand: the major()/minor() helpers are library symbols in old glibc */

@@ -15,7 +15,8 @@
  *
  * A holder keeps the lock for microseconds (claim a slot, reap dead peers; never across a driver
  * call). Waiting: spin-yield first, then sleep in steps of at most 200 us, up to LOCK_TIMEOUT_NS.
- * A timeout (a stopped holder, or a hostile read lock) is said once; after it every later attempt
+ * A read lock on that byte is no peer's (ours are write locks; any reader of the file can take
+ * one): it is given up on at once, not waited for. A timeout (a stopped holder) is said once; after it every later attempt
  * waits at most DEGRADED_TIMEOUT_NS until one succeeds, so a stall never costs seconds per
  * operation. Nothing depends on the lock for the limit itself (slots.c: claim-then-sum). */
 #define _GNU_SOURCE
@@ -33,6 +34,9 @@
 
 #ifndef F_OFD_SETLK
 #define F_OFD_SETLK 37
+#endif
+#ifndef F_OFD_GETLK
+#define F_OFD_GETLK 36
 #endif
 
 #define LOCK_OFF (1ll << 40)
@@ -109,6 +113,18 @@ static int try_lock(void)
     return rc == 0 ? 0 : (errno == EWOULDBLOCK ? 1 : -1);
 }
 
+/* the byte is read-locked: by a reader of the file, never by a peer of ours */
+static int read_locked(void)
+{
+    struct flock fl;
+
+    if (use_flock)
+        return 0;
+    lock_range(&fl, F_WRLCK);
+    return fcntl(lock_fd, F_OFD_GETLK, &fl) == 0 && fl.l_type == F_RDLCK;
+}
+
+/* 0 taken, 1 timed out, 2 read-locked by a non-peer, -1 error */
 static int do_lock(uint64_t timeout_ns)
 {
     uint64_t deadline = 0, sleep_ns = 10000;
@@ -123,6 +139,8 @@ static int do_lock(uint64_t timeout_ns)
             continue;
         }
         now = now_ns();
+        if (!deadline && read_locked())
+            return 2;
         if (!deadline)
             deadline = now + timeout_ns;
         else if (now >= deadline)
@@ -154,7 +172,8 @@ static int lock_with(uint64_t timeout_ns)
     if (timeout_ns && !__atomic_exchange_n(&warned_timeout, 1, __ATOMIC_RELAXED))
         VGPU_WARN("region lock not obtained within %llu ms (%s); a peer holding it is stopped or stuck; "
                   "continuing without it (later attempts wait at most %llu ms)", LOCK_TIMEOUT_NS / 1000000ull,
-                  rc == 1 ? "busy" : "lock failed", DEGRADED_TIMEOUT_NS / 1000000ull);
+                  rc == 1 ? "busy" : rc == 2 ? "read-locked by a reader of the file" : "lock failed",
+                  DEGRADED_TIMEOUT_NS / 1000000ull);
     return 1;
 }
 

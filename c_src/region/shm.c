@@ -218,6 +218,18 @@ static int trusted(int fd, const char *path, struct stat *st)
                   "forged); " PER_PROCESS, path, (int)st->st_uid, (int)geteuid());
         return 0;
     }
+    /* a second name for some other file (we would initialise or share that file's bytes) */
+    if (st->st_nlink != 1) {
+        VGPU_WARN("region %s has %lu names (a hard link to another file?); refusing it; " PER_PROCESS, path,
+                  (unsigned long)st->st_nlink);
+        return 0;
+    }
+    /* its owner made it read-only: root could still write it, but that is not what was meant */
+    if (!(st->st_mode & S_IWUSR)) {
+        VGPU_WARN("region %s is read-only (mode %03o); refusing it; " PER_PROCESS, path,
+                  (unsigned)(st->st_mode & 0777));
+        return 0;
+    }
     return 1;
 }
 

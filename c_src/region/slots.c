@@ -459,7 +459,8 @@ VGPU_HIDDEN uint64_t vgpu_region_sm_limit(int dev)
  * so two claims that do not fit together are never both kept. A race can refuse a request that
  * would have fitted (both see each other, both withdraw); it can never exceed the limit. The
  * transient claim is visible to lock-free readers (the monitor, cuMemGetInfo) for the few ns it
- * lives. */
+ * lives; a claim is only published when the sum read just before leaves room for it, so only two
+ * claims racing for the same room can show the sum over the limit, never one that cannot fit. */
 static uint64_t claim(vgpu_proc_slot_t *self, vgpu_region_t *r, int dev, int kind, uint64_t bytes)
 {
     slot_add(self, dev, kind, bytes, __ATOMIC_SEQ_CST);
@@ -482,10 +483,10 @@ static int corrupt(vgpu_region_t *r, int dev, uint64_t sum)
     return 1;
 }
 
-/* Fast path, no lock: claim and check. Only when that fails, under the lock: claim again (the
- * same order: the lock serialises slow paths and reaping, not fast paths, and the limit does not
- * depend on it, so a lock timeout is safe too), and when still over, reap dead peers and sum again
- * (a later sum than the first: it still sees every claim the first one had to see). */
+/* Fast path, no lock: look, claim and check. Only when that fails, under the lock: look again,
+ * reaping dead peers when there is no room, then claim and check (the same order: the lock
+ * serialises slow paths and reaping, not fast paths, and the limit does not depend on it, so a
+ * lock timeout is safe too). */
 VGPU_HIDDEN int vgpu_region_reserve_kind(int dev, uint64_t bytes, int kind)
 {
     vgpu_proc_slot_t *self = vgpu_region_self();
@@ -511,20 +512,26 @@ VGPU_HIDDEN int vgpu_region_reserve_kind(int dev, uint64_t bytes, int kind)
         return 0;
     }
     shadow_add(dev, kind, bytes);
-    if (VGPU_LIKELY(claim(self, r, dev, kind, bytes) <= limit))
-        return 0;
-    slot_sub(self, dev, kind, bytes);
-    vgpu_region_lock();
-    sum = claim(self, r, dev, kind, bytes);
-    if (sum > limit && vgpu_region_reap(r, 1)) /* dead peers' usage out, then decide */
-        sum = vgpu_region_sum_used(r, dev);
-    if (sum > limit && corrupt(r, dev, sum))
-        sum = vgpu_region_self_used(dev);
-    ok = sum <= limit;
-    if (!ok) {
+    if (VGPU_LIKELY(vgpu_region_sum_used(r, dev) <= limit - bytes)) {
+        if (VGPU_LIKELY(claim(self, r, dev, kind, bytes) <= limit))
+            return 0;
         slot_sub(self, dev, kind, bytes);
-        shadow_sub(dev, kind, bytes);
     }
+    vgpu_region_lock();
+    sum = vgpu_region_sum_used(r, dev);
+    if (sum > limit - bytes && vgpu_region_reap(r, 1)) /* dead peers' usage out, then decide */
+        sum = vgpu_region_sum_used(r, dev);
+    if (sum > limit - bytes && corrupt(r, dev, sum)) {
+        ok = vgpu_region_self_used(dev) <= limit - bytes;
+        if (ok)
+            slot_add(self, dev, kind, bytes, __ATOMIC_RELAXED);
+    } else {
+        ok = sum <= limit - bytes;
+        if (ok && !(ok = claim(self, r, dev, kind, bytes) <= limit))
+            slot_sub(self, dev, kind, bytes);
+    }
+    if (!ok)
+        shadow_sub(dev, kind, bytes);
     vgpu_region_unlock();
     return ok ? 0 : -1;
 }

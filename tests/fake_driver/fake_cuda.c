@@ -10,6 +10,8 @@
  *                             the device count becomes the list length; unset: identity
  *   FAKE_CUDA_CTX_MB=M        memory a context takes (the retained primary context once per
  *                             device, every created/green context; default 0)
+ *   FAKE_CUDA_POOL_GRANULE_MB=G a pool's reserve grows in steps of G MiB, as a real pool's does
+ *                             (default: by the shortfall exactly)
  *   FAKE_CUDA_LEGACY=1        the CUDA 12.8+/13 queries (cuStreamGetDevice, cuCtxGetDevice_v2, pool
  *                             location attributes) fail, like an older driver
  *   FAKE_CUDA_PROC_ALIASES=1  cuGetProcAddress hands out internal addresses for some entries
@@ -127,6 +129,7 @@ static int phys[MAXDEV]; /* CUDA ordinal -> physical index (FAKE_CUDA_ORDER) */
 static uint64_t dev_total = 1024ull << 20;
 static uint64_t dev_used[MAXDEV]; /* per CUDA ordinal: allocations + contexts + pool reserves */
 static uint64_t ctx_size;         /* FAKE_CUDA_CTX_MB */
+static uint64_t pool_granule;     /* FAKE_CUDA_POOL_GRANULE_MB */
 static int legacy;
 static int initialized;
 
@@ -176,6 +179,9 @@ __attribute__((constructor)) static void fake_config(void)
     s = getenv("FAKE_CUDA_CTX_MB");
     if (s)
         ctx_size = strtoull(s, NULL, 10) << 20;
+    s = getenv("FAKE_CUDA_POOL_GRANULE_MB");
+    if (s)
+        pool_granule = strtoull(s, NULL, 10) << 20;
     s = getenv("FAKE_CUDA_LEGACY");
     legacy = s && s[0] == '1';
     default_pools_init();
@@ -942,11 +948,14 @@ static CUresult pool_take(struct CUmemPoolHandle_st *pool, uint64_t size, uint64
     pthread_mutex_lock(&mu);
     avail = pool->reserved - pool->used;
     if (avail < size) {
-        if (charge(pool->dev, size - avail) != 0) {
+        uint64_t grow = size - avail;
+        if (pool_granule)
+            grow = (grow + pool_granule - 1) / pool_granule * pool_granule;
+        if (charge(pool->dev, grow) != 0) {
             pthread_mutex_unlock(&mu);
             return CUDA_ERROR_OUT_OF_MEMORY;
         }
-        pool->reserved += size - avail;
+        pool->reserved += grow;
     }
     pool->used += size;
     if (pool->reserved > pool->reserved_high)

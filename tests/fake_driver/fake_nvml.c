@@ -12,13 +12,26 @@
  *                                  1 + the largest index in FAKE_CUDA_ORDER)
  *   FAKE_NVML_PID_OFFSET=K         this process's pid as NVML reports it: getpid() + K (a container's
  *                                  pid namespace, NVML answering with host pids; default 0)
- *   FAKE_NVML_OTHERS=pid:MiB,...   other processes on every device (counted in its used memory)
+ *   FAKE_NVML_OTHERS=pid:MiB,...   other processes on every device (counted in its used memory); the
+ *                                  pid "self" is this process's getpid() (a neighbour whose host pid
+ *                                  equals our pid inside the container)
+ *   FAKE_NVML_OTHERS_WITH_US=1     the others appear only while this process has a context on the
+ *                                  device (a neighbour that starts during our context creation)
+ *   FAKE_NVML_SELF_LATE_MS=N       this process is listed only N ms after it is first seen with a
+ *                                  context (NVML listing a new process late)
+ * Fault injection:
+ *   FAKE_NVML_PROCS_FAIL=1         the process-list calls fail (NVML_ERROR_UNKNOWN), as on hosts
+ *                                  where NVML cannot see other pid namespaces' processes
+ *   FAKE_NVML_DELAY_MS=N           the memory and process-list calls take N ms more (a loaded NVML)
+ *   FAKE_NVML_SELF_ABSURD=1        this process's entry reports 2^53 bytes used
+ * Test hook: fake_nvml_queries (memory and process-list calls so far).
  * Link with -ldl where dlopen is not in libc (glibc < 2.34). */
 #define NVML_NO_UNVERSIONED_FUNC_DEFS /* the unversioned names are exported here as the v1 ABIs */
 #include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <nvml.h>
@@ -43,6 +56,27 @@ static struct {
     unsigned long long bytes;
 } others[MAXOTHERS];
 static unsigned nothers;
+static int procs_fail;
+static unsigned delay_ms;
+static int others_with_us;
+static int self_absurd;
+static unsigned self_late_ms;
+
+static unsigned long queries;
+
+/* every memory or process-list query passes here */
+static void slow(void)
+{
+    __atomic_fetch_add(&queries, 1, __ATOMIC_RELAXED);
+    if (delay_ms)
+        usleep(delay_ms * 1000u);
+}
+
+/* test hook: memory and process-list queries so far */
+__attribute__((visibility("default"))) unsigned long fake_nvml_queries(void)
+{
+    return __atomic_load_n(&queries, __ATOMIC_RELAXED);
+}
 
 __attribute__((constructor)) static void fake_config(void)
 {
@@ -73,11 +107,27 @@ __attribute__((constructor)) static void fake_config(void)
     s = getenv("FAKE_CUDA_MEM_MB");
     if (s)
         total = strtoull(s, NULL, 10) << 20;
+    s = getenv("FAKE_NVML_PROCS_FAIL");
+    procs_fail = s && *s == '1';
+    s = getenv("FAKE_NVML_DELAY_MS");
+    if (s)
+        delay_ms = (unsigned)strtoul(s, NULL, 10);
+    s = getenv("FAKE_NVML_SELF_ABSURD");
+    self_absurd = s && *s == '1';
+    s = getenv("FAKE_NVML_OTHERS_WITH_US");
+    others_with_us = s && *s == '1';
+    s = getenv("FAKE_NVML_SELF_LATE_MS");
+    if (s)
+        self_late_ms = (unsigned)strtoul(s, NULL, 10);
     s = getenv("FAKE_NVML_PID_OFFSET");
     if (s)
         pid_offset = strtol(s, NULL, 10);
     for (s = getenv("FAKE_NVML_OTHERS"); s && *s && nothers < MAXOTHERS;) {
         unsigned long pid = strtoul(s, &end, 10);
+        if (strncmp(s, "self:", 5) == 0) {
+            pid = (unsigned long)getpid();
+            end = (char *)s + 4;
+        }
         if (end != s && *end == ':') {
             const char *m = end + 1;
             unsigned long long mib = strtoull(m, &end, 10);
@@ -246,16 +296,42 @@ EXPORT nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *d)
 }
 
 /* ---- memory and processes: this process (while it has a context there) and FAKE_NVML_OTHERS ---- */
+static int others_there(unsigned p)
+{
+    return !others_with_us || own_ctx(p);
+}
+
+/* listed: has a context there, and first seen with it at least FAKE_NVML_SELF_LATE_MS ago */
+static int self_listed(unsigned p)
+{
+    static unsigned long long first_ms[MAXDEV];
+    struct timespec ts;
+    unsigned long long now, first;
+
+    if (!own_ctx(p))
+        return 0;
+    if (!self_late_ms)
+        return 1;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    now = (unsigned long long)ts.tv_sec * 1000ull + (unsigned long long)ts.tv_nsec / 1000000ull + 1;
+    first = 0;
+    if (!__atomic_compare_exchange_n(&first_ms[p], &first, now, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED) && first)
+        return now - first >= self_late_ms;
+    return 0;
+}
+
 static unsigned long long used_on(unsigned p)
 {
     unsigned long long used = own_bytes(p);
-    for (unsigned i = 0; i < nothers; i++)
-        used += others[i].bytes;
+    if (others_there(p))
+        for (unsigned i = 0; i < nothers; i++)
+            used += others[i].bytes;
     return used > total ? total : used;
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t d, nvmlMemory_t *m)
 {
+    slow();
     if (!m || !valid(d))
         return NVML_ERROR_INVALID_ARGUMENT;
     m->total = total;
@@ -266,6 +342,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t d, nvmlMemory_t *m)
 
 EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t d, nvmlMemory_v2_t *m)
 {
+    slow();
     if (!m || !valid(d))
         return NVML_ERROR_INVALID_ARGUMENT;
     m->total = total;
@@ -280,12 +357,16 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t d, nvmlMemory_v2_t *
  * record: the v1 one (pid, usedGpuMemory) or the v2 one (= v3: MIG instance ids as well). */
 static nvmlReturn_t processes(nvmlDevice_t d, unsigned int *count, void *infos, size_t size)
 {
-    unsigned n = 0, need;
+    unsigned n = 0, need, nvisible;
     int own;
+    slow();
     if (!count || !valid(d))
         return NVML_ERROR_INVALID_ARGUMENT;
-    own = own_ctx(d->index);
-    need = nothers + (own ? 1u : 0u);
+    if (procs_fail)
+        return NVML_ERROR_UNKNOWN;
+    own = self_listed(d->index);
+    nvisible = others_there(d->index) ? nothers : 0;
+    need = nvisible + (own ? 1u : 0u);
     if (*count < need) {
         *count = need;
         return NVML_ERROR_INSUFFICIENT_SIZE;
@@ -297,7 +378,7 @@ static nvmlReturn_t processes(nvmlDevice_t d, unsigned int *count, void *infos, 
         unsigned long long bytes;
         if (own && i == 0) {
             pid = (unsigned)((long)getpid() + pid_offset);
-            bytes = own_bytes(d->index);
+            bytes = self_absurd ? 1ull << 53 : own_bytes(d->index);
         } else {
             pid = others[i - (own ? 1u : 0u)].pid;
             bytes = others[i - (own ? 1u : 0u)].bytes;

@@ -165,3 +165,25 @@ def test_malformed_sm_limit_fails_closed(shim_env, tmp_path: Path, var: str, val
 def test_well_formed_sm_limits_do_not_fail(shim_env, tmp_path: Path, value: str) -> None:
     res, err, _ = _run(shim_env, tmp_path / "cache", CUDA_DEVICE_SM_LIMIT=value)
     assert res["rcs"] == [0, 2], err
+
+
+def test_a_hard_link_to_another_file_is_refused_untouched(shim_env, tmp_path: Path) -> None:
+    """A file of region size without the magic looks like a region whose creator died mid-way; as a
+    second name of some other file (root's, here) it is neither initialised nor used."""
+    other = tmp_path / "someone-elses-file"
+    other.write_bytes(bytes(R.REGION_SIZE))
+    cache = tmp_path / "cache"
+    os.link(other, cache)
+    res, err, rc = _run(shim_env, cache)
+    assert rc == 0 and res["rcs"] == [0, 2] and res["total"] == 100 * MiB, err
+    assert err.count("hard link") == 1 and "per process only" in err, err
+    assert other.read_bytes() == bytes(R.REGION_SIZE)
+
+
+def test_a_read_only_region_is_refused(shim_env, tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    cache.write_bytes(R.encode(uuids=["GPU-x"], limit=[0]))
+    os.chmod(cache, 0o400)
+    res, err, rc = _run(shim_env, cache)
+    assert rc == 0 and res["rcs"] == [0, 2] and res["total"] == 100 * MiB, err
+    assert err.count("read-only (mode 400)") == 1 and "per process only" in err, err

@@ -5,8 +5,10 @@ A container restart is a new pid namespace on the same cache file whose pids rep
 the region_tool below is pid 1 in its namespace every time."""
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
+import struct
 import subprocess
 import time
 from pathlib import Path
@@ -150,3 +152,22 @@ wait()
         assert result_line(second) == {"rcs": [0], "pid": 1}
     finally:
         second.communicate("\n", timeout=60)
+
+
+def test_a_readers_lock_does_not_keep_a_dead_slot_alive(region_tool: Path, region_env: dict) -> None:
+    """Anyone who can read the region can read-lock a slot's liveness byte; only the owner's write
+    lock means it lives, so a SIGKILLed owner's usage is still reclaimed."""
+    env = {**region_env, "CUDA_DEVICE_MEMORY_LIMIT": "100m"}
+    cache = Path(env["CUDA_DEVICE_MEMORY_SHARED_CACHE"])
+    holder = Held(region_tool, env, "attach", f"reserve:0:{80 * MiB}")
+    nonce = R.read_region(cache).procs[0].nonce
+    fd = os.open(cache, os.O_RDONLY)
+    try:
+        live_byte = (1 << 41) + (nonce & ((1 << 40) - 1))  # c_src/region/ident.c: LIVE_BASE + nonce
+        holder.kill()  # its write lock goes with it; a reader's read lock takes the byte
+        fcntl.fcntl(fd, fcntl.F_SETLK, struct.pack("hhqqi", fcntl.F_RDLCK, os.SEEK_SET, live_byte, 1, 0))
+        out = lines(subprocess.run([str(region_tool), "attach", f"reserve:0:{90 * MiB}"], env=env,
+                                   capture_output=True, text=True, timeout=30))
+        assert out == ["attach ok", "reserve ok"]
+    finally:
+        os.close(fd)

@@ -58,8 +58,8 @@ def test_a_reader_cannot_hold_the_lock(region_tool: Path, region_env: dict) -> N
 
 
 def test_a_stall_costs_one_timeout_not_one_per_operation(region_tool: Path, region_env: dict) -> None:
-    """A reader holding a read lock on the lock byte (hostile, or a stopped peer): the first attempt
-    gives up after about a second with one warning; every later one within milliseconds."""
+    """A reader holding a read lock on the lock byte (hostile: our peers take write locks): given up
+    on at once with one warning, never waited for."""
     env = {**region_env, "CUDA_DEVICE_MEMORY_LIMIT": "100m"}
     run_tool(region_tool, env, "attach")
     fd = os.open(env["CUDA_DEVICE_MEMORY_SHARED_CACHE"], os.O_RDONLY)
@@ -72,8 +72,8 @@ def test_a_stall_costs_one_timeout_not_one_per_operation(region_tool: Path, regi
         times = _lock_ms(out)
         assert out[0] == "attach ok" and out[-1] == "reserve ok", out
         assert [rc for rc, _ in times] == [1] * 5
-        assert all(ms < 50 for _, ms in times), times  # the attach paid the one timeout
-        assert took < 3, took
+        assert all(ms < 50 for _, ms in times), times
+        assert took < 0.5, took  # not even the attach waits out the second
         assert cp.stderr.count("region lock not obtained") == 1, cp.stderr
     finally:
         os.close(fd)

@@ -4,6 +4,8 @@ unlike ours), a stream-ordered pool is charged by what it keeps reserved, and ea
 one log line. The fake driver takes FAKE_CUDA_CTX_MB per context and models pool reserves."""
 from __future__ import annotations
 
+import subprocess
+
 import pytest
 
 from .harness import Env
@@ -139,3 +141,81 @@ def test_each_refusal_is_logged_once_a_second(env: Env) -> None:
     lines = [x for x in child.stderr.splitlines() if "refused an allocation" in x]
     assert len(lines) == 1, child.stderr
     assert "device 0" in lines[0] and "300.0 MiB" in lines[0] and "256.0 MiB limit" in lines[0]
+
+
+@pytest.mark.parametrize("namespace", [False, True], ids=["host-pid", "container-pid"])
+def test_context_memory_is_charged_when_nvml_cannot_list_processes(env: Env, namespace: bool) -> None:
+    """No per-process figure: the device's used-memory change across each context creation is
+    counted instead, and a warning says so once."""
+    extra = {"FAKE_CUDA_CTX_MB": "100", "FAKE_NVML_PROCS_FAIL": "1"}
+    if namespace:
+        extra |= {"FAKE_NVML_PID_OFFSET": "100000"}
+    exe = env.compile_c("physical", PROGRAM, f"-L{env.fake_dir}", "-l:libcuda.so.1")
+    child = env.run_c(exe, {"CUDA_DEVICE_MEMORY_LIMIT": "256m", **extra}, args=["context"])
+    assert child.rc == 0, (child.stdout, child.stderr)
+    r = dict(line.split(None, 1) for line in child.stdout.splitlines())
+    assert r["free_after_ctx"] == "156", (r, child.stderr)   # the context's 100 MiB are counted
+    assert r["alloc_200"] == "2"
+    assert int(r["real"]) <= 256
+    assert r["ctx2_full"] == "2"               # no room for a second context: refused on the delta
+    assert int(r["real2"]) <= 256
+    assert r["free_two_ctx"] == "56"           # the refused one's delta went with it
+    assert int(r["real3"]) <= 256
+    warnings = [x for x in child.stderr.splitlines() if "cannot list" in x]
+    assert len(warnings) == 1, child.stderr
+
+
+HOLDER = r"""
+#include <cuda.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+unsigned long long fake_used(int dev);
+
+int main(int argc, char **argv)
+{
+    CUdevice d;
+    CUcontext c;
+    CUdeviceptr a;
+    char line[8];
+    int rc;
+
+    if (cuInit(0) || cuDeviceGet(&d, 0))
+        return 1;
+    rc = cuDevicePrimaryCtxRetain(&c, d);
+    printf("ctx %d\n", rc);
+    if (rc == 0 && cuCtxSetCurrent(c) == 0)
+        printf("alloc %d\n", cuMemAlloc(&a, (size_t)atoi(argv[1]) << 20));
+    printf("real %llu\n", fake_used(0) >> 20);
+    fflush(stdout);
+    if (!fgets(line, sizeof line, stdin))   /* hold it until told */
+        return 0;
+    return 0;
+}
+"""
+
+
+def test_processes_without_nvml_process_list_stay_under_the_limit(env: Env) -> None:
+    """Four processes of one container, NVML unable to list processes: their contexts are counted
+    by the device's delta, so together they never hold more than the limit."""
+    exe = env.compile_c("holder", HOLDER, f"-L{env.fake_dir}", "-l:libcuda.so.1")
+    e = env.base_env({"CUDA_DEVICE_MEMORY_SHARED_CACHE": str(env.tmp / "shared.cache"),
+                      "CUDA_DEVICE_MEMORY_LIMIT": "1000m", "FAKE_CUDA_CTX_MB": "200", "FAKE_CUDA_MEM_MB": "4096",
+                      "FAKE_NVML_PROCS_FAIL": "1"})
+    e |= {"LD_LIBRARY_PATH": str(env.fake_dir), "LD_PRELOAD": str(env.shim)}
+    procs: list[subprocess.Popen[str]] = []
+    real = []
+    try:
+        for _ in range(4):  # one after another: each delta is that process's own context
+            p = subprocess.Popen([str(exe), "300"], env=e, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True)
+            procs.append(p)
+            assert p.stdout is not None
+            while not (line := p.stdout.readline()).startswith("real "):
+                assert line, p.communicate(timeout=30)
+            real.append(int(line.split()[1]))
+    finally:
+        for p in procs:
+            p.communicate("\n", timeout=30)
+    assert real[:2] == [500, 500], real       # context 200 + 300 each
+    assert sum(real) <= 1000, real            # the third and fourth contexts are refused

@@ -1,0 +1,172 @@
+"""Only this process's own NVML entry is charged to it. NVML names host pids, so the shim must find
+its entry among the device's processes; a pid alone is not enough evidence: a neighbour may start
+during our context creation, NVML may list us late (so the one new pid is someone else's), or a
+neighbour's host pid may equal our pid inside the container. The shim confirms its entry by a
+probe (a small allocation only its own entry shows) and learns again when the evidence changes."""
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from .harness import Env
+
+MiB = 1 << 20
+
+PROGRAM = r"""
+#include <cuda.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+unsigned long long fake_used(int dev);
+
+#define CHECK(x) do { CUresult r_ = (x); if (r_) { printf("FAIL %s = %d\n", #x, r_); return 1; } } while (0)
+#define MB(x) ((size_t)(x) << 20)
+
+int main(int argc, char **argv)
+{
+    CUdevice d;
+    CUcontext c;
+    CUdeviceptr a, b, e;
+    size_t f = 0, t = 0;
+
+    CHECK(cuInit(0));
+    CHECK(cuDeviceGet(&d, 0));
+    CHECK(cuDevicePrimaryCtxRetain(&c, d));
+    CHECK(cuCtxSetCurrent(c));
+    usleep((useconds_t)atoi(argv[1]) * 1000);
+    cuMemGetInfo(&f, &t);
+    printf("free_after_ctx %zu\n", f >> 20);
+    printf("a300 %d\n", cuMemAlloc(&a, MB(300)));
+    printf("a500 %d\n", cuMemAlloc(&b, MB(500)));
+    printf("a200 %d\n", cuMemAlloc(&e, MB(200)));
+    printf("real %llu\n", fake_used(0) >> 20);
+    return 0;
+}
+"""
+
+# the context takes 100 MiB; a neighbour holds 700 MiB of the same GPU; our limit is 1000 MiB
+BASE = {"CUDA_DEVICE_MEMORY_LIMIT": "1000m", "FAKE_CUDA_CTX_MB": "100", "FAKE_CUDA_MEM_MB": "4096",
+        "FAKE_NVML_PID_OFFSET": "100000"}
+CASES = {
+    "neighbour-starts-with-us": ({"FAKE_NVML_OTHERS": "4242:700", "FAKE_NVML_OTHERS_WITH_US": "1"}, 0),
+    "listed-late": ({"FAKE_NVML_OTHERS": "4242:700", "FAKE_NVML_OTHERS_WITH_US": "1",
+                     "FAKE_NVML_SELF_LATE_MS": "300"}, 500),
+    "neighbour-has-our-pid": ({"FAKE_NVML_OTHERS": "self:700"}, 0),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_only_our_own_entry_is_charged(env: Env, case: str) -> None:
+    extra, sleep_ms = CASES[case]
+    exe = env.compile_c("identity", PROGRAM, f"-L{env.fake_dir}", "-l:libcuda.so.1")
+    child = env.run_c(exe, {**BASE, **extra}, args=[str(sleep_ms)])
+    assert child.rc == 0, (child.stdout, child.stderr)
+    r = dict(line.split(None, 1) for line in child.stdout.splitlines())
+    assert r["free_after_ctx"] == "900", (r, child.stderr)   # our context's 100 MiB, not the neighbour's 700
+    assert (r["a300"], r["a500"]) == ("0", "0"), (r, child.stderr)
+    assert r["a200"] == "2", (r, child.stderr)               # 100 + 300 + 500 + 200 > 1000: ours all counted
+    assert int(r["real"]) <= 1000
+
+
+HOLDER = r"""
+#include <cuda.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+int main(int argc, char **argv)
+{
+    CUdevice d;
+    CUcontext c;
+    CUdeviceptr a;
+    char line[8];
+
+    if (cuInit(0) || cuDeviceGet(&d, 0) || cuDevicePrimaryCtxRetain(&c, d) || cuCtxSetCurrent(c))
+        return 1;
+    printf("alloc %d\n", cuMemAlloc(&a, (size_t)atoi(argv[1]) << 20));
+    fflush(stdout);
+    if (!fgets(line, sizeof line, stdin))   /* hold it until told */
+        return 0;
+    return 0;
+}
+"""
+
+
+def test_an_absurd_nvml_figure_is_not_charged(env: Env) -> None:
+    """One process's NVML entry reads 2^53 bytes: it is not believed (one warning) and the
+    container's limit still holds across both processes."""
+    exe = env.compile_c("holder", HOLDER, f"-L{env.fake_dir}", "-l:libcuda.so.1")
+    region = {"CUDA_DEVICE_MEMORY_SHARED_CACHE": str(env.tmp / "shared.cache"), "CUDA_DEVICE_MEMORY_LIMIT": "1000m",
+              "FAKE_CUDA_MEM_MB": "4096"}
+
+    def start(extra: dict[str, str]) -> subprocess.Popen[str]:
+        e = env.base_env({**region, **extra})
+        e["LD_LIBRARY_PATH"] = str(env.fake_dir)
+        e["LD_PRELOAD"] = str(env.shim)
+        return subprocess.Popen([str(exe), "600"], env=e, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+
+    a = start({"FAKE_NVML_SELF_ABSURD": "1"})
+    assert a.stdout is not None
+    try:
+        first = a.stdout.readline().strip()
+        b = start({})
+        second, b_err = b.communicate("\n", timeout=30)
+        _, a_err = a.communicate("\n", timeout=30)
+    finally:
+        for p in (a, b):
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert first == "alloc 0", a_err
+    assert second.strip() == "alloc 2", b_err      # 600 + 600 > 1000: the region still adds both up
+    assert a_err.count("not believed") == 1, a_err
+
+
+COST = r"""
+#include <cuda.h>
+#include <dlfcn.h>
+#include <stdio.h>
+#include <unistd.h>
+
+int main(void)
+{
+    CUdevice d;
+    CUcontext c, c2;
+    CUdeviceptr p;
+    unsigned long (*queries)(void), q;
+    void *nvml;
+
+    if (cuInit(0) || cuDeviceGet(&d, 0) || cuDevicePrimaryCtxRetain(&c, d) || cuCtxSetCurrent(c))
+        return 1;
+    nvml = dlopen("libnvidia-ml.so.1", RTLD_NOLOAD | RTLD_LAZY);
+    queries = nvml ? (unsigned long (*)(void))dlsym(nvml, "fake_nvml_queries") : 0;
+    if (!queries)
+        return 2;
+    printf("first_ctx %lu\n", queries());
+    q = queries();
+    if (cuCtxCreate(&c2, NULL, 0, d))
+        return 3;
+    printf("second_ctx %lu\n", queries() - q);
+    cuCtxSetCurrent(c);
+    usleep(30000); /* past the 20 ms between measurements near the limit */
+    q = queries();
+    printf("refused %d\n", cuMemAlloc(&p, (size_t)850 << 20));
+    printf("refusal %lu\n", queries() - q);
+    return 0;
+}
+"""
+
+
+def test_nvml_queries_per_context_and_refusal_are_bounded(env: Env) -> None:
+    """A loaded NVML (200 ms a call in the field) costs each context creation and each refusal as
+    few queries as the measurement needs: the first context 4 (two device figures for the fallback,
+    the probe's two listings, one of which serves the measurement), later ones 1, a refusal 1."""
+    exe = env.compile_c("cost", COST, f"-L{env.fake_dir}", "-l:libcuda.so.1", "-ldl")
+    child = env.run_c(exe, {"CUDA_DEVICE_MEMORY_LIMIT": "1000m", "FAKE_CUDA_CTX_MB": "100",
+                            "FAKE_NVML_PID_OFFSET": "1000"})
+    assert child.rc == 0, (child.rc, child.stdout, child.stderr)
+    r = dict(line.split(None, 1) for line in child.stdout.splitlines())
+    assert r["refused"] == "2"
+    assert (r["first_ctx"], r["second_ctx"], r["refusal"]) == ("4", "1", "1"), r
