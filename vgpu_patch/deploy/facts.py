@@ -1,13 +1,16 @@
 """Read-only facts about a node, gathered in one privileged round trip (a probe script plus parsers).
 
-Nothing here changes the node. `gather()` returns NodeFacts; `choose_live()` applies the rule of
-docs/node-state.md (the single versioned `libvgpu.so.<v>`, else `libvgpu.so`; refuse ambiguity).
+Nothing here changes the node. `gather()` returns NodeFacts. Which file is live (docs/node-state.md) is
+decided on the node, by `choose_live` in the node program (data/node.sh) that every tool sends; the probe
+prints its verdict and `choose_live()` here only reads it.
 """
 from __future__ import annotations
 
 import json
 import shlex
 from dataclasses import dataclass, field
+from functools import cache
+from importlib import resources
 
 from ..errors import DeployError
 from ..transport.base import Transport
@@ -58,6 +61,8 @@ class NodeFacts:
     mapped: list[MappedLib] = field(default_factory=list)
     state_problem: str | None = None  # the state dir is unsafe to use (symlinks, not root's): refuse it
     warnings: list[str] = field(default_factory=list)
+    live_name: str | None = None  # the node program's choice (a name in target_dir), None when it refused
+    live_why: str = ""  # the evidence that decided it, or why it refused
 
     def file(self, name: str) -> LibFile | None:
         return next((f for f in self.files if f.name == name), None)
@@ -72,14 +77,23 @@ class NodeFacts:
 
 
 # -- the probe ------------------------------------------------------------------------------------
+@cache
+def node_program() -> str:
+    """data/node.sh: the functions every tool runs on a node (the CLI, the agent and the Ansible role)."""
+    return (resources.files("vgpu_patch") / "data" / "node.sh").read_text()
+
+
 def _section(name: str) -> str:
     return f"printf '\\n@@vgpu %s\\n' {name}"
 
 
-def probe_script(real_dir: str, *, history: int = 20, maps: bool = True) -> str:
+def probe_script(real_dir: str, *, history: int = 20, maps: bool = True, proc: str = "/proc") -> str:
+    """`proc`: where the node's processes are (the live-file evidence reads it; a test points it elsewhere)."""
     d = shlex.quote(real_dir.rstrip("/") or "/")
     parts = [
-        f"D={d}; S=\"$D/{STATE}\"",
+        f"D={d}; PROC={shlex.quote(proc)}",
+        node_program(),
+        f"S=\"$D/{STATE}\"",
         _section("arch"), "uname -m",
         _section("glibc"), "getconf GNU_LIBC_VERSION 2>/dev/null || ldd --version 2>&1 | head -n 1",
         _section("uid"), "PROBED_ME=$(id -u); echo \"$PROBED_ME\"",  # reused by a swap in the same shell
@@ -97,6 +111,7 @@ def probe_script(real_dir: str, *, history: int = 20, maps: bool = True) -> str:
         " printf 'F\\t%s\\t%s\\t%s\\t%s\\n' \"$n\" \"$h\" \"$(stat -c '%s %i %a %u %g' \"$f\")\" \"$v\";"
         " done",
         # never read through a symlink (as root it could point anywhere): a linked ld.so.preload is not read
+        _section("live"), "print_live",
         _section("preload"),
         "[ -f \"$D/ld.so.preload\" ] && [ ! -L \"$D/ld.so.preload\" ] && { echo present; cat \"$D/ld.so.preload\"; }",
         _section("state"), STATE_CHECK,
@@ -223,6 +238,11 @@ def parse(text: str, node_dir: str) -> NodeFacts:
         facts.state_problem = (f"{state[0]}: refusing to read or write node state through it; remove the "
                                f"symlink, or chown -R root:root and chmod go-w the state dir (nothing changed)")
     facts.mapped = parse_maps(sec.get("maps", []))
+    verdict = (sec.get("live") or [""])[0].split("\t")
+    if verdict[0] == "ok" and len(verdict) >= 3:
+        facts.live_name, facts.live_why = verdict[1], verdict[2]
+    elif verdict[0] == "refuse" and len(verdict) >= 2:
+        facts.live_why = verdict[1]
     return facts
 
 
@@ -246,38 +266,22 @@ def from_probe(t: Transport, text: str, node_dir: str, *, maps: bool) -> NodeFac
     return facts
 
 
-# -- the rule for the live file ---------------------------------------------------------------------
+# -- the live file: the node program's verdict --------------------------------------------------------
 def choose_live(facts: NodeFacts, node: str) -> LibFile | None:
-    """The file HAMi really uses, None when the directory holds none; DeployError when that is ambiguous."""
+    """The file HAMi really uses (as the probe chose it), None when the directory holds none; DeployError when
+    the probe refused (ambiguous) or the live file is a symlink."""
     where = f"{node}:{facts.target_dir}"
-    versioned = [f for f in facts.files if f.name.startswith(LIB + ".")]
-    if len(versioned) > 1:  # an upgraded plugin's new file beside the old: follow ld.so.preload if it names one
-        named = {w.rsplit("/", 1)[-1] for line in facts.preload or [] if not line.strip().startswith("#")
-                 for w in line.replace(":", " ").split()}
-        versioned = [f for f in versioned if f.name in named] or versioned
-    if len(versioned) > 1:
-        names = ", ".join(f.name for f in versioned)
-        raise DeployError(
-            f"{where}: several versioned libraries ({names}) and ld.so.preload names none of them; HAMi's choice is "
-            "unclear: remove the stale ones, then rerun"
-        )
-    live = versioned[0] if versioned else facts.file(LIB)
+    if facts.live_name is None:
+        raise DeployError(f"{where}: {facts.live_why or 'the probe printed no live-file verdict; is /bin/sh POSIX?'}")
+    live = facts.file(facts.live_name)
     if live is not None and live.link_to is not None:
         raise DeployError(
             f"{where}: {live.name} is a symlink to {live.link_to}; replace the file it points at "
             f"(its directory as --target-dir) or make {live.name} a regular file"
         )
-    if facts.preload is not None:
-        allowed = {LIB} | ({live.name} if live else set())
-        for line in facts.preload:
-            entry = line.strip()
-            if not entry or entry.startswith("#"):
-                continue
-            for word in entry.replace(":", " ").split():
-                base = word.rsplit("/", 1)[-1]
-                if base.startswith("libvgpu") and base not in allowed:
-                    raise DeployError(
-                        f"{where}: ld.so.preload names {word} but the live file is "
-                        f"{live.name if live else 'missing'}; fix ld.so.preload (or the plugin), then rerun"
-                    )
     return live
+
+
+def other_files(facts: NodeFacts) -> list[str]:
+    """Every libvgpu.so* in the directory but the live one: leftovers and older versions, never live."""
+    return [f.name for f in facts.files if f.name != facts.live_name]

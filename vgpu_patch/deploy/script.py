@@ -11,7 +11,7 @@ import shlex
 import textwrap
 from dataclasses import dataclass
 
-from .facts import LIB, STATE, maps_snippet
+from .facts import LIB, STATE, maps_snippet, node_program
 
 # exit codes of the swap script
 LOCKED, MISMATCH, NOLOAD, VERIFY, WRITE, UNSAFE = 75, 65, 66, 68, 71, 77
@@ -353,35 +353,12 @@ if [ "$UP" = - ]; then  # the candidate comes base64-encoded on stdin: saved 060
 fi
 umask 022"""
 
-# docs/node-state.md "The live file", in shell (the CLI applies the same rule in facts.choose_live)
+# docs/node-state.md "The live file": node.sh's choose_live decides (the CLI's probe runs the same function)
 CHOOSE_LIVE = f"""[ -d "$D" ] || fail {WRITE} "$D is not a directory: is HAMi installed? set vgpu_patch_target_dir"
-n=0; V=""; P=""
-for f in "$D"/{LIB}.*; do [ -e "$f" ] || [ -L "$f" ] || continue; n=$((n + 1)); V=$f; done
-[ -f "$D/ld.so.preload" ] && [ ! -L "$D/ld.so.preload" ] \\
-  && P=$(grep -v '^[[:space:]]*#' "$D/ld.so.preload" | tr ':' ' ')
-if [ "$n" -gt 1 ]; then  # an upgraded plugin's new file beside the old: follow ld.so.preload if it names one
-  k=0; W=""
-  for f in "$D"/{LIB}.*; do
-    [ -e "$f" ] || [ -L "$f" ] || continue
-    for w in $P; do [ "${{w##*/}}" = "${{f##*/}}" ] && {{ k=$((k + 1)); W=$f; break; }}; done
-  done
-  [ "$k" -ge 1 ] && {{ n=$k; V=$W; }}
-fi
-m="$D holds several versioned libraries ($(cd "$D" && ls -d {LIB}.* | tr '\\n' ' '))"
-m="$m and ld.so.preload names none of them; HAMi's choice is unclear: remove the stale ones, then rerun"
-[ "$n" -le 1 ] || fail {AMBIGUOUS} "$m"
-LIVE=${{V:-"$D/{LIB}"}}
+choose_live || fail {AMBIGUOUS} "$WHY"
 [ -L "$LIVE" ] \\
   && fail {AMBIGUOUS} "$LIVE is a symlink to $(readlink "$LIVE"); replace the file it points at, or make it a file"
 [ -e "$LIVE" ] || [ "$VGPU_INSTALL" = 1 ] || fail {WRITE} "no {LIB} in $D to replace; check vgpu_patch_target_dir"
-if [ -f "$D/ld.so.preload" ] && [ ! -L "$D/ld.so.preload" ]; then
-  for w in $(grep -v '^[[:space:]]*#' "$D/ld.so.preload" | tr ':' ' '); do
-    b=${{w##*/}}
-    case "$b" in {LIB}*) [ "$b" = {LIB} ] || [ "$b" = "${{LIVE##*/}}" ] \\
-      || fail {AMBIGUOUS} "ld.so.preload names $w but the live file is ${{LIVE##*/}}; fix ld.so.preload, then rerun";;
-    esac
-  done
-fi
 TMP="$D/.${{LIVE##*/}}.vgpu-patch-tmp.$$"
 LIVEJ=$(printf '%s' "$LIVE" | sed 's/\\\\/\\\\\\\\/g; s/"/\\\\"/g'); LIVEJ="\\"$LIVEJ\\"\""""
 
@@ -419,7 +396,7 @@ def standalone(action: str) -> str:
                          "to_sha256": _Shell("WANTJ"), "operator": _Shell("OPJ"), "tool": _Shell("TOOLJ")})
     man = _printf_json({"sha256": _CUR, "size": _SIZE, "path": _Shell("LIVEJ"), "saved_at": _NOW,
                         "operator": _Shell("OPJ"), "tool": _Shell("TOOLJ")})
-    parts = [STANDALONE_PROLOGUE, CHOOSE_LIVE, SAFE_STATE, LOCK]
+    parts = [STANDALONE_PROLOGUE, node_program(), CHOOSE_LIVE, SAFE_STATE, LOCK]
     if action == "rollback":
         parts.append(_pick_fragment())
     parts += [STAGE, 'WANTJ="\\"$WANT\\""', VERIFY_SOURCE, LOADS, backup(man), SWAP, REVERIFY]

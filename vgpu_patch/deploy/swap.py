@@ -74,6 +74,8 @@ class NodeStatus:
     glibc: str | None = None
     problem: str | None = None  # e.g. an ambiguous directory; the rest is still reported
     warnings: list[str] = field(default_factory=list)  # e.g. undecodable history lines that were skipped
+    live_why: str = ""  # the evidence that made `path` the live file (the node program's words)
+    other_files: list[str] = field(default_factory=list)  # every other libvgpu.so*: leftovers, old versions
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -430,6 +432,8 @@ def node_status(t: Transport, target_dir: str = DEFAULT_DIR, *, history: int = 5
         glibc=".".join(map(str, facts.glibc)) if facts.glibc else None,
         problem=facts.state_problem or problem or (None if live else f"no {F.LIB} in {node_dir}"),
         warnings=facts.warnings,
+        live_why=facts.live_why if live else "",
+        other_files=F.other_files(facts),
     )
 
 

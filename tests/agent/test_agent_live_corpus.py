@@ -1,0 +1,27 @@
+"""The live-file rule through the node agent (`agent --once`): the corpus of tests/live_corpus.py."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from agent_helpers import Image
+from click.testing import CliRunner
+from live_corpus import CASES, Case, check_outcome, lay_out, mapping, snapshot
+
+from vgpu_patch.commands.agent import cli
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_agent_installs_into_the_file_hami_mounts(case: Case, image: Image, vendor: Path, tmp_path: Path) -> None:
+    root = tmp_path / "host"
+    libdir = root / "usr/local/vgpu"
+    lay_out(case, libdir, vendor)
+    before = snapshot(libdir)
+    with mapping(case, libdir):
+        res = CliRunner().invoke(cli, ["--library", str(image.library), "--host-root", str(root), "--target-dir",
+                                       "/usr/local/vgpu", "--once", "--json", "--status-file", str(tmp_path / "s")])
+    out = res.output + str(res.exception or "")
+    check_outcome(case, before, libdir, image.library.read_bytes(), res.exit_code == 0, out)
+    if case.refuse is None:
+        assert json.loads(res.stdout)["live_path"] == f"/usr/local/vgpu/{case.live}"
