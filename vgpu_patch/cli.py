@@ -22,7 +22,8 @@ COMMANDS = ["build", "check", "deploy", "status", "rollback", "region", "agent",
 
 EPILOG = """\b
 Exit codes: 0 ok; 1 failed (or --dry-run with changes pending); 2 usage error;
-3 fleet partly failed; 4 check found an incompatibility.
+3 fleet partly failed; 4 check found an incompatibility; 5 status: a live file was
+replaced outside vgpu-patch (the device plugin's copy-back?).
 """
 
 

@@ -6,6 +6,7 @@ Exit codes (the contract scripts rely on; also printed in `vgpu-patch --help`):
   2  usage error: bad option, malformed value
   3  a fleet run where some nodes succeeded and some failed
   4  `check` found a blocking incompatibility (see `vgpu-patch check --help` for its bitmask)
+  5  `status`: a live file was replaced outside vgpu-patch (the device plugin's copy-back?)
 
 Each message is one line naming what failed, where, and what to do next.
 """
@@ -16,6 +17,7 @@ EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_PARTIAL = 3
 EXIT_INCOMPATIBLE = 4
+EXIT_REPLACED = 5
 
 
 class VgpuPatchError(Exception):

@@ -126,6 +126,10 @@ class Agent:
             )
             return "yielded"
         action = "reapply" if last and last.get("to_sha256") == self.image.sha256 else "deploy"
+        if F.replaced_outside(facts.history, live) is not None:
+            s.copy_backs += 1
+            log(f"{live.path if live else self.dir} {F.COPY_BACK}: it differs from the last recorded change; "
+                f"putting the image's library back; {F.FIX_BY_IMAGE}")
         if live is not None:
             self._note_partial(live)
         res = deploy_file(

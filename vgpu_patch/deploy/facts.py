@@ -285,3 +285,21 @@ def choose_live(facts: NodeFacts, node: str) -> LibFile | None:
 def other_files(facts: NodeFacts) -> list[str]:
     """Every libvgpu.so* in the directory but the live one: leftovers and older versions, never live."""
     return [f.name for f in facts.files if f.name != facts.live_name]
+
+
+COPY_BACK = "replaced outside vgpu-patch (the device plugin's copy-back?)"
+FIX_BY_AGENT = "run the node agent (vgpu-patch daemonset) to put our library back after every copy-back"
+FIX_BY_IMAGE = "ship our library in the device-plugin image as libvgpu.so.<VERSION> to stop copy-back for good"
+COPY_BACK_HINT = f"{FIX_BY_AGENT}, or {FIX_BY_IMAGE}"
+
+
+def replaced_outside(history: list[dict], live: LibFile | None) -> dict | None:
+    """The last recorded change when the live file no longer holds what it wrote: someone replaced the file
+    outside every tool (HAMi's plugin copies its own library back on restart). None when it still holds it,
+    when nothing was ever recorded, or when no regular file is live."""
+    if live is None or live.link_to is not None:
+        return None
+    last = next((e for e in reversed(history) if isinstance(e.get("to_sha256"), str)), None)
+    if last is None or last["to_sha256"] == live.sha256:
+        return None
+    return last

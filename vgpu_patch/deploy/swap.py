@@ -75,6 +75,7 @@ class NodeStatus:
     problem: str | None = None  # e.g. an ambiguous directory; the rest is still reported
     warnings: list[str] = field(default_factory=list)  # e.g. undecodable history lines that were skipped
     live_why: str = ""  # the evidence that made `path` the live file (the node program's words)
+    replaced_outside: bool = False  # the live file differs from the last recorded change (copy-back?)
     other_files: list[str] = field(default_factory=list)  # every other libvgpu.so*: leftovers, old versions
 
     def to_dict(self) -> dict:
@@ -417,6 +418,12 @@ def node_status(t: Transport, target_dir: str = DEFAULT_DIR, *, history: int = 5
         live = F.choose_live(facts, t.name)
     except DeployError as e:  # an ambiguous directory: report it with the rest
         live, problem = None, str(e)
+    last = F.replaced_outside(facts.history, live)
+    if last is not None and live is not None:
+        build = f"ours {live.ours_version}" if live.ours_version else "not ours"
+        problem = problem or (
+            f"{F.COPY_BACK}: {live.name} is {live.sha256[:12]} ({build}), but the last recorded change ({last.get('action')} by {last.get('tool')}, {last.get('time')}) set "
+            f"{str(last['to_sha256'])[:12]}; {F.COPY_BACK_HINT}")
     return NodeStatus(
         node=t.name,
         target_dir=node_dir,
@@ -433,6 +440,7 @@ def node_status(t: Transport, target_dir: str = DEFAULT_DIR, *, history: int = 5
         problem=facts.state_problem or problem or (None if live else f"no {F.LIB} in {node_dir}"),
         warnings=facts.warnings,
         live_why=facts.live_why if live else "",
+        replaced_outside=last is not None,
         other_files=F.other_files(facts),
     )
 

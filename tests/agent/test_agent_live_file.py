@@ -1,14 +1,16 @@
-"""The live-file rule through the node agent (`agent --once`): the corpus of tests/live_corpus.py."""
+"""The node agent and the live file: the corpus of tests/live_corpus.py (`agent --once`), and a copy-back counted."""
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
 import pytest
-from agent_helpers import Image
+from agent_helpers import Host, Image, hami_copy_back, sha, wait_for
 from click.testing import CliRunner
 from live_corpus import CASES, Case, check_outcome, lay_out, mapping, snapshot
 
+from vgpu_patch.agent import Agent
+from vgpu_patch.agent.metrics import render
 from vgpu_patch.commands.agent import cli
 
 
@@ -25,3 +27,12 @@ def test_agent_installs_into_the_file_hami_mounts(case: Case, image: Image, vend
     check_outcome(case, before, libdir, image.library.read_bytes(), res.exit_code == 0, out)
     if case.refuse is None:
         assert json.loads(res.stdout)["live_path"] == f"/usr/local/vgpu/{case.live}"
+
+
+@pytest.mark.watch("inotify", 30.0)
+def test_copy_back_is_counted_and_named(running: Agent, image: Image, host: Host, vendor: Path) -> None:
+    assert running.snapshot().copy_backs == 0
+    hami_copy_back(vendor, host.live)  # the plugin's restart: a plain cp over our file
+    wait_for(lambda: running.snapshot().reapplies == 1 and sha(host.live) == image.sha256)
+    assert running.snapshot().copy_backs == 1
+    assert "\nvgpu_patch_agent_copy_backs_total 1\n" in render(running.snapshot())
