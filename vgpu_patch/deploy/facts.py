@@ -83,71 +83,12 @@ def node_program() -> str:
     return (resources.files("vgpu_patch") / "data" / "node.sh").read_text()
 
 
-def _section(name: str) -> str:
-    return f"printf '\\n@@vgpu %s\\n' {name}"
-
-
 def probe_script(real_dir: str, *, history: int = 20, maps: bool = True, proc: str = "/proc") -> str:
-    """`proc`: where the node's processes are (the live-file evidence reads it; a test points it elsewhere)."""
-    d = shlex.quote(real_dir.rstrip("/") or "/")
-    parts = [
-        f"D={d}; PROC={shlex.quote(proc)}",
-        node_program(),
-        f"S=\"$D/{STATE}\"",
-        _section("arch"), "uname -m",
-        _section("glibc"), "getconf GNU_LIBC_VERSION 2>/dev/null || ldd --version 2>&1 | head -n 1",
-        _section("uid"), "PROBED_ME=$(id -u); echo \"$PROBED_ME\"",  # reused by a swap in the same shell
-        _section("flock"), "command -v flock || true",
-        _section("dir"), "[ -d \"$D\" ] && echo yes",
-        _section("df"),
-        "p=\"$D\"; while [ ! -d \"$p\" ]; do p=$(dirname \"$p\"); done; df -Pk \"$p\"",  # its last line counts
-        _section("files"),
-        "for f in \"$D\"/" + LIB + " \"$D\"/" + LIB + ".*; do"
-        " n=${f##*/};"
-        " if [ -L \"$f\" ]; then printf 'L\\t%s\\t%s\\n' \"$n\" \"$(readlink \"$f\")\"; continue; fi;"
-        " [ -f \"$f\" ] || continue;"
-        " h=$(sha256sum < \"$f\"); h=${h%% *};"
-        " v=$(grep -a -o -m 1 'vgpu-patch-shim [0-9A-Za-z.+~_-]*' \"$f\");"
-        " printf 'F\\t%s\\t%s\\t%s\\t%s\\n' \"$n\" \"$h\" \"$(stat -c '%s %i %a %u %g' \"$f\")\" \"$v\";"
-        " done",
-        # never read through a symlink (as root it could point anywhere): a linked ld.so.preload is not read
-        _section("live"), "print_live",
-        _section("preload"),
-        "[ -f \"$D/ld.so.preload\" ] && [ ! -L \"$D/ld.so.preload\" ] && { echo present; cat \"$D/ld.so.preload\"; }",
-        _section("state"), STATE_CHECK,
-        _section("backups"),
-        "[ -n \"$UNSAFE\" ] || for j in \"$S\"/backups/*.json; do [ -f \"$j\" ] || continue; h=${j##*/}; h=${h%.json};"
-        " if [ -f \"$S/backups/$h.so\" ]; then printf 'yes\\t'; else printf 'no\\t'; fi;"
-        " tr -d '\\n' < \"$j\"; echo; done",
-        _section("history"),
-        f"[ -z \"$UNSAFE\" ] && [ -f \"$S/history.jsonl\" ] && tail -n {int(history)} \"$S/history.jsonl\"",
-    ]
-    if maps:
-        parts += [_section("maps"), maps_snippet()]
-    parts.append("true")
-    return "\n".join(parts) + "\n"
-
-
-# Read-only twin of script.SAFE_STATE: as root, never read through a state dir someone else controls.
-STATE_CHECK = (
-    'UNSAFE=""; if [ -L "$S" ]; then UNSAFE=1; echo "$S is a symlink";'
-    ' elif [ -d "$S" ]; then'
-    ' if [ "$(id -u)" = 0 ]; then'
-    ' bad=$(find "$S" \\( -type l -o ! -user 0 -o -perm -002 -o \\( -type d -perm -020 \\) \\) -print 2>/dev/null'
-    ' | head -n 1);'
-    ' else bad=$(find "$S" -type l -print 2>/dev/null | head -n 1); fi;'
-    ' if [ -L "$bad" ]; then UNSAFE=1; echo "$bad is a symlink inside $S";'
-    ' elif [ -n "$bad" ]; then UNSAFE=1;'
-    ' echo "$bad is not root\'s alone (owner $(stat -c %U "$bad"), mode $(stat -c %a "$bad"))";'
-    ' fi; fi'
-)
-
-
-def maps_snippet() -> str:
-    """One grep over every process's maps for the library dir (and HAMi's in-container path)."""
-    return (
-        "grep -s -H -F -e \"$D/" + LIB + "\" -e " + shlex.quote(CONTAINER_LIB) + " /proc/[0-9]*/maps | sort -u || true"
-    )
+    """node.sh's `probe` with its parameters (`proc`: where the node's processes are; a test points it elsewhere).
+    It prints one `@@vgpu <name>` section per fact, the live file's verdict among them (section `live`)."""
+    d = real_dir.rstrip("/") or "/"
+    args = {"D": d, "PROC": proc, "HISTORY": int(history), "MAPS": 1 if maps else 0}
+    return node_program() + "\n" + "; ".join(f"{k}={shlex.quote(str(v))}" for k, v in args.items()) + "\nprobe\n"
 
 
 def _split_sections(text: str) -> dict[str, list[str]]:

@@ -82,7 +82,12 @@ class NodeStatus:
         return asdict(self)
 
 
-_history_printf, _manifest_printf = S.history_printf, S.manifest_printf
+def _params(t: Transport, node_dir: str, live_path: str, want: str, *, action: str, operator: str, tool: str,
+            stale: bool, up: str | None, src: str | None, updir: str | None) -> str:
+    """node.sh's parameters for one swap: real paths for the node's shell, the node's own path for the record."""
+    return S.params(D=t.path(node_dir), LIVE=t.path(live_path), WANT=want, UP=up or "", SRC=src or "",
+                    UPDIR=updir or "", LIVEJ=S.jstr(live_path), ACTJ=S.jstr(action), OPJ=S.jstr(operator),
+                    TOOLJ=S.jstr(tool), STALE=1 if stale else 0)
 
 
 def _raise_for(t: Transport, code: int, out: str, where: str) -> None:
@@ -228,16 +233,11 @@ def _deploy(t: Transport, session: _Session, cand: Candidate, node_dir: str, *, 
     preflight(facts, cand, t.name, live, install=install)
     upload = f"{UPLOAD_DIR}/.vgpu-patch-upload-{cand.sha256[:12]}-{secrets.token_hex(6)}"  # SFTP only
     after_upload = hooks.after_upload if hooks else None
-    receive = ""
-    if session.streamed:
-        receive = S.receive(cand.size) + ("\n" + S.PAUSE if after_upload else "")
     plan = list(plan_swap(
-        facts, live, live_path, cand.sha256, source=cand.path.name, upload=True, receive=receive,
-        prepare=S.prepare(real_dir=t.path(node_dir), live_real=t.path(live_path), want=cand.sha256,
-                          upload_real=None if session.streamed else t.path(upload), source_real=None,
-                          upload_dir=t.path(UPLOAD_DIR), after_probe=session.streamed),
-        manifest_printf=_manifest_printf(live_path, operator, tool),
-        history_printf=_history_printf(action, live_path, cand.sha256, operator, tool),
+        facts, live, live_path, cand.sha256, source=cand.path.name, upload=True,
+        receive=cand.size if session.streamed else None, pause=bool(after_upload and session.streamed),
+        params=_params(t, node_dir, live_path, cand.sha256, action=action, operator=operator, tool=tool, stale=stale,
+                       up=None if session.streamed else t.path(upload), src=None, updir=t.path(UPLOAD_DIR)),
         in_lock=hooks.in_lock if hooks else "", stale=stale,
     ))
     result = SwapResult(t.name, action, False, live_path, live.sha256 if live else None, cand.sha256, plan=plan)
@@ -262,7 +262,8 @@ def _deploy(t: Transport, session: _Session, cand: Candidate, node_dir: str, *, 
             raise
     hook = after_upload if session.streamed else None
     try:
-        res = session.run_script(S.script([st.sh for st in plan]), cand.path if session.streamed else None, hook)
+        res = session.run_script(S.script([st.sh for st in plan], with_program=not session.streamed),
+                                 cand.path if session.streamed else None, hook)
     except BaseException:
         # the script removes its temp files itself, and may still be running orphaned (it finishes a swap
         # it started, or fails the sha256 check of an upload cut short): only an SFTP upload over an
@@ -388,19 +389,18 @@ def _rollback(t: Transport, session: _Session, node_dir: str, *, to_sha256: str 
         live_path = f"{node_dir}/{F.LIB}"
     src_node = f"{node_dir}/{F.STATE}/backups/{want}.so"
     plan = list(plan_swap(
-        facts, live, live_path, want, source=src_node, upload=False,
-        prepare=S.prepare(real_dir=t.path(node_dir), live_real=t.path(live_path), want=want, upload_real=None,
-                          source_real=t.path(src_node), upload_dir=None, after_probe=session.streamed),
-        manifest_printf=_manifest_printf(live_path, operator, tool),
-        history_printf=_history_printf("rollback", live_path, want, operator, tool),
-        byte_compare=True, in_lock=hooks.in_lock if hooks else "", stale=stale,
+        facts, live, live_path, want, source=src_node, upload=False, byte_compare=True,
+        params=_params(t, node_dir, live_path, want, action="rollback", operator=operator, tool=tool, stale=stale,
+                       up=None, src=t.path(src_node), updir=None),
+        in_lock=hooks.in_lock if hooks else "", stale=stale,
     ))
     result = SwapResult(t.name, "rollback", False, live_path, live.sha256 if live else None, want, plan=plan)
     if plan[0].kind == "noop" or dry_run:
         result.pending = plan[0].kind != "noop"
         return result
     _checkpoint(t, should_stop)
-    state, mapped, bk, ino, replaced = _parse_swap(t, session.run_script(S.script([st.sh for st in plan])), node_dir)
+    sent = S.script([st.sh for st in plan], with_program=not session.streamed)
+    state, mapped, bk, ino, replaced = _parse_swap(t, session.run_script(sent), node_dir)
     if state == "noop":
         return result
     result.changed, result.backup = True, _node_path(t, bk, node_dir)
