@@ -24,6 +24,7 @@ from ..deploy.swap import SwapResult, deploy_file, rollback
 from ..errors import IntegrityError, VgpuPatchError
 from ..transport.local import LocalTransport
 from .image import ImageLibrary, expected_sha256, verify_image
+from .policy import decide
 from .status import AgentStatus, utc_now, write_ready_marker, write_status
 from .watcher import PollWatcher, make_watcher, relevant
 
@@ -111,22 +112,24 @@ class Agent:
         s.checks += 1
         s.last_check, s.last_check_unix = utc_now(), time.time()
         s.live_path, s.live_sha256 = (live.path, live.sha256) if live else (None, None)
-        if live is not None and live.sha256 == self.image.sha256:
+        last = F.last_change(facts.history)
+        decision = decide(live.sha256 if live else None, self.image.sha256, last, startup=startup,
+                          yielded=s.state == "yielded")
+        if decision.action == "ok":
             s.state, s.yielded_to = "ok", None  # also ends a yield: someone put our library back
             self._good_sig = sig
             return "ok"
-        last = facts.history[-1] if facts.history else None
-        if not startup and s.state == "yielded":
+        if decision.action == "yielded":
             return "yielded"
-        if not startup and live is not None and last and last.get("to_sha256") == live.sha256:
+        if decision.action == "yield" and live is not None and last is not None:
             s.state, s.yielded_to = "yielded", last
             log(
                 f"{live.path} was changed to {live.sha256[:12]} by {last.get('tool')} ({last.get('operator')}, "
                 f"{last.get('action')}): respecting it and no longer enforcing; restart the agent to enforce again"
             )
             return "yielded"
-        action = "reapply" if last and last.get("to_sha256") == self.image.sha256 else "deploy"
-        if F.replaced_outside(facts.history, live) is not None:
+        action = decision.action
+        if decision.copy_back:
             s.copy_backs += 1
             log(f"{live.path if live else self.dir} {F.COPY_BACK}: it differs from the last recorded change; "
                 f"putting the image's library back; {F.FIX_BY_IMAGE}")

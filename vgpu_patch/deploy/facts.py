@@ -234,13 +234,18 @@ FIX_BY_IMAGE = "ship our library in the device-plugin image as libvgpu.so.<VERSI
 COPY_BACK_HINT = f"{FIX_BY_AGENT}, or {FIX_BY_IMAGE}"
 
 
+def last_change(history: list[dict]) -> dict | None:
+    """The newest history record that says what it set (a record without a to_sha256 is skipped)."""
+    return next((e for e in reversed(history) if isinstance(e.get("to_sha256"), str)), None)
+
+
 def replaced_outside(history: list[dict], live: LibFile | None) -> dict | None:
     """The last recorded change when the live file no longer holds what it wrote: someone replaced the file
     outside every tool (HAMi's plugin copies its own library back on restart). None when it still holds it,
     when nothing was ever recorded, or when no regular file is live."""
     if live is None or live.link_to is not None:
         return None
-    last = next((e for e in reversed(history) if isinstance(e.get("to_sha256"), str)), None)
+    last = last_change(history)
     if last is None or last["to_sha256"] == live.sha256:
         return None
     return last
