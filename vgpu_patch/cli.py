@@ -18,7 +18,8 @@ from . import __version__
 from .cli_options import emit_json, error_document, json_emitted
 from .errors import EXIT_FAILED, VgpuPatchError
 
-COMMANDS = ["build", "check", "deploy", "status", "rollback", "region", "agent", "daemonset", "restart-plan", "demo"]
+COMMANDS = ["build", "check", "deploy", "status", "rollback", "region", "agent", "daemonset", "plugin-image",
+            "restart-plan", "demo"]
 
 EPILOG = """\b
 Exit codes: 0 ok; 1 failed (or --dry-run with changes pending); 2 usage error;

@@ -232,6 +232,10 @@ probe() {
     printf 'F\t%s\t%s\t%s\t%s\n' "$n" "$HASH" "$(stat -c '%s %i %a %u %g' "$f")" "$v"
   done
   section live; print_live
+  # the build manifest a plugin image made by `vgpu-patch plugin-image` installs beside the library
+  section plugin_manifest
+  [ -f "$D/vgpu-patch-manifest.json" ] && [ ! -L "$D/vgpu-patch-manifest.json" ] \
+    && { tr -d '\n' < "$D/vgpu-patch-manifest.json"; echo; }
   # never read through a symlink (as root it could point anywhere): a linked ld.so.preload is not read
   section preload
   [ -f "$D/ld.so.preload" ] && [ ! -L "$D/ld.so.preload" ] && { echo present; cat "$D/ld.so.preload"; }

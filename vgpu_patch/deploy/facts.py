@@ -63,6 +63,7 @@ class NodeFacts:
     warnings: list[str] = field(default_factory=list)
     live_name: str | None = None  # the node program's choice (a name in target_dir), None when it refused
     live_why: str = ""  # the evidence that decided it, or why it refused
+    plugin_manifest: dict | None = None  # vgpu-patch-manifest.json a plugin image (plugin-image) installed
 
     def file(self, name: str) -> LibFile | None:
         return next((f for f in self.files if f.name == name), None)
@@ -179,6 +180,8 @@ def parse(text: str, node_dir: str) -> NodeFacts:
         facts.state_problem = (f"{state[0]}: refusing to read or write node state through it; remove the "
                                f"symlink, or chown -R root:root and chmod go-w the state dir (nothing changed)")
     facts.mapped = parse_maps(sec.get("maps", []))
+    pm = _json_lines(sec.get("plugin_manifest", []), facts.warnings, "vgpu-patch-manifest.json")
+    facts.plugin_manifest = pm[0] if pm else None
     verdict = (sec.get("live") or [""])[0].split("\t")
     if verdict[0] == "ok" and len(verdict) >= 3:
         facts.live_name, facts.live_why = verdict[1], verdict[2]
@@ -237,6 +240,13 @@ COPY_BACK_HINT = f"{FIX_BY_AGENT}, or {FIX_BY_IMAGE}"
 def last_change(history: list[dict]) -> dict | None:
     """The newest history record that says what it set (a record without a to_sha256 is skipped)."""
     return next((e for e in reversed(history) if isinstance(e.get("to_sha256"), str)), None)
+
+
+def delivered_by_plugin(facts: NodeFacts, live: LibFile | None) -> bool:
+    """Whether the device plugin itself installed the live file: its image carries our library and manifest
+    (`vgpu-patch plugin-image`), and the live file is that library."""
+    pm = facts.plugin_manifest
+    return bool(live is not None and pm is not None and pm.get("sha256") == live.sha256)
 
 
 def replaced_outside(history: list[dict], live: LibFile | None) -> dict | None:

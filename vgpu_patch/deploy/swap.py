@@ -76,6 +76,7 @@ class NodeStatus:
     warnings: list[str] = field(default_factory=list)  # e.g. undecodable history lines that were skipped
     live_why: str = ""  # the evidence that made `path` the live file (the node program's words)
     replaced_outside: bool = False  # the live file differs from the last recorded change (copy-back?)
+    delivered_by_plugin: bool = False  # the device plugin's image installed it (vgpu-patch plugin-image)
     other_files: list[str] = field(default_factory=list)  # every other libvgpu.so*: leftovers, old versions
 
     def to_dict(self) -> dict:
@@ -418,7 +419,8 @@ def node_status(t: Transport, target_dir: str = DEFAULT_DIR, *, history: int = 5
         live = F.choose_live(facts, t.name)
     except DeployError as e:  # an ambiguous directory: report it with the rest
         live, problem = None, str(e)
-    last = F.replaced_outside(facts.history, live)
+    by_plugin = F.delivered_by_plugin(facts, live)
+    last = None if by_plugin else F.replaced_outside(facts.history, live)
     if last is not None and live is not None:
         build = f"ours {live.ours_version}" if live.ours_version else "not ours"
         problem = problem or (
@@ -441,6 +443,7 @@ def node_status(t: Transport, target_dir: str = DEFAULT_DIR, *, history: int = 5
         warnings=facts.warnings,
         live_why=facts.live_why if live else "",
         replaced_outside=last is not None,
+        delivered_by_plugin=by_plugin,
         other_files=F.other_files(facts),
     )
 
