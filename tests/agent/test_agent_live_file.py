@@ -9,7 +9,7 @@ from agent_helpers import Host, Image, hami_copy_back, sha, wait_for
 from click.testing import CliRunner
 from live_corpus import CASES, Case, check_outcome, lay_out, mapping, snapshot
 
-from vgpu_patch.agent import Agent
+from vgpu_patch.agent import Agent, AgentConfig
 from vgpu_patch.agent.metrics import render
 from vgpu_patch.commands.agent import cli
 
@@ -36,3 +36,24 @@ def test_copy_back_is_counted_and_named(running: Agent, image: Image, host: Host
     wait_for(lambda: running.snapshot().reapplies == 1 and sha(host.live) == image.sha256)
     assert running.snapshot().copy_backs == 1
     assert "\nvgpu_patch_agent_copy_backs_total 1\n" in render(running.snapshot())
+
+
+def test_a_repair_probes_the_node_once(image: Image, host: Host, vendor: Path, tmp_path: Path) -> None:
+    agent = Agent(AgentConfig(library=image.library, host_root=host.root, status_file=tmp_path / "s.json", proc=None))
+    calls: list[str] = []
+    run, open_stream = agent.t.run, agent.t.open_stream
+
+    def counted_run(cmd: str, **kw: object):  # type: ignore[no-untyped-def]
+        calls.append("run")
+        return run(cmd, **kw)  # type: ignore[arg-type]
+
+    def counted_stream(cmd: str, **kw: object):  # type: ignore[no-untyped-def]
+        calls.append("session")
+        return open_stream(cmd, **kw)  # type: ignore[arg-type]
+
+    agent.t.run, agent.t.open_stream = counted_run, counted_stream  # type: ignore[method-assign]
+    assert agent.step(startup=True) == "deploy" and sha(host.live) == image.sha256
+    hami_copy_back(vendor, host.live)
+    assert agent.step() == "reapply" and sha(host.live) == image.sha256
+    assert agent.step() == "ok"
+    assert calls == ["session", "session", "session"]  # one probe per pass, the swap in the same session

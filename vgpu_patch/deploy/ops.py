@@ -7,10 +7,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ..errors import DeployError
 from .candidate import Candidate
 from .facts import LIB, STATE, LibFile, NodeFacts
+
+if TYPE_CHECKING:
+    from .swap import SwapRequest
 
 # Room kept free beyond what the swap writes, so the node is never filled to the last block.
 SPACE_MARGIN = 1 << 20
@@ -64,12 +68,14 @@ def space_needed(facts: NodeFacts, cand: Candidate, live: LibFile | None) -> int
 
 
 def plan_swap(
-    facts: NodeFacts, live: LibFile | None, live_path: str, want_sha: str, *, source: str, upload: bool,
-    params: str = "", receive: int | None = None, pause: bool = False, byte_compare: bool = False,
-    in_lock: str = "", stale: bool = False,
+    facts: NodeFacts, live: LibFile | None, live_path: str, want_sha: str, req: SwapRequest, *, source: str,
+    params: str = "", receive: int | None = None,
 ) -> Iterator[Step]:
-    """The steps a deploy (upload=True) or rollback (source = a backup) takes, each a node.sh call; only a
+    """The steps `req` takes (a candidate, or for a rollback the backup `source`), each a node.sh call; only a
     noop when nothing differs. `receive`: the candidate's size when it follows the calls on stdin."""
+    upload, byte_compare, stale = req.candidate is not None, req.action == "rollback", req.stale
+    in_lock = req.hooks.in_lock if req.hooks else ""
+    pause = bool(req.hooks and req.hooks.after_upload and receive is not None)
     if live is not None and live.sha256 == want_sha:
         yield Step("noop", f"{live_path} already has sha256 {want_sha[:12]}: nothing to do")
         return

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import secrets
 import shlex
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -37,6 +37,37 @@ class SwapHooks:
 
     after_upload: Callable[[str], None] | None = None
     in_lock: str = ""
+
+
+@dataclass(frozen=True)
+class SwapRequest:
+    """One swap, built once by its caller (the CLI per run, the agent at start) and taken down one path: what
+    goes live (an inspected candidate, or a backup for a rollback), where, as whom, and how."""
+
+    operator: str
+    action: str = "deploy"  # deploy | reapply: `candidate` goes live; rollback: the backup `to_sha256` names
+    candidate: Candidate | None = None
+    to_sha256: str | None = None  # rollback: previous | vendor | a backup's sha256 (6+ hex)
+    target_dir: str = DEFAULT_DIR
+    tool: str = DEFAULT_TOOL
+    install: bool = False  # install where the directory has no library yet
+    check: bool = False  # run `check` on the candidate against the live file first
+    stale: bool = False  # also list the processes still mapping the old library (reads every maps file)
+    dry_run: bool = False
+    hooks: SwapHooks | None = None
+    should_stop: Callable[[], bool] | None = None
+
+    @property
+    def node_dir(self) -> str:
+        return self.target_dir.rstrip("/") or "/"
+
+    def at(self, target_dir: str) -> SwapRequest:
+        """The same request for another node's library directory."""
+        return replace(self, target_dir=target_dir)
+
+
+# the caller's judgement after the probe (the agent's policy): the request to carry out, or None for nothing
+Judge = Callable[[F.NodeFacts, "F.LibFile | None"], "SwapRequest | None"]
 
 
 @dataclass
@@ -83,12 +114,12 @@ class NodeStatus:
         return asdict(self)
 
 
-def _params(t: Transport, node_dir: str, live_path: str, want: str, *, action: str, operator: str, tool: str,
-            stale: bool, up: str | None, src: str | None, updir: str | None) -> str:
+def _params(t: Transport, req: SwapRequest, live_path: str, want: str, *, up: str | None, src: str | None,
+            updir: str | None) -> str:
     """node.sh's parameters for one swap: real paths for the node's shell, the node's own path for the record."""
-    return S.params(D=t.path(node_dir), LIVE=t.path(live_path), WANT=want, UP=up or "", SRC=src or "",
-                    UPDIR=updir or "", LIVEJ=S.jstr(live_path), ACTJ=S.jstr(action), OPJ=S.jstr(operator),
-                    TOOLJ=S.jstr(tool), STALE=1 if stale else 0)
+    return S.params(D=t.path(req.node_dir), LIVE=t.path(live_path), WANT=want, UP=up or "", SRC=src or "",
+                    UPDIR=updir or "", LIVEJ=S.jstr(live_path), ACTJ=S.jstr(req.action), OPJ=S.jstr(req.operator),
+                    TOOLJ=S.jstr(req.tool), STALE=1 if req.stale else 0)
 
 
 def _raise_for(t: Transport, code: int, out: str, where: str) -> None:
@@ -204,60 +235,73 @@ def deploy_file(
     should_stop: Callable[[], bool] | None = None,
     stale: bool = False,
 ) -> SwapResult:
-    """Swap `source` in as the node's live library (see the module docstring for the guarantees).
+    """Swap `source` in as the node's live library: `swap()` with a request for it (see SwapRequest)."""
+    return swap(t, SwapRequest(operator, action, inspect(source), None, target_dir, tool, install, check, stale,
+                               dry_run, hooks, should_stop))
+
+
+def swap(t: Transport, req: SwapRequest, *, judge: Judge | None = None) -> SwapResult:
+    """Carry out `req` on one node (see the module docstring for the guarantees): one probe, then the swap.
 
     `stale=True` also lists the processes still mapping the old library (`stale_pids`), at the cost of
-    reading every process's maps on the node.
-
-    `check=True` also runs `vgpu-patch check` on `source` against the live file (fetched once per
-    distinct vendor sha256) and refuses on a blocking problem. `should_stop` is asked before anything is
-    sent (and, over SFTP, again between the upload and the swap): when it says yes, the node is left
-    untouched (StopRequested).
+    reading every process's maps on the node. `check=True` also runs `vgpu-patch check` on the candidate
+    against the live file (fetched once per distinct vendor sha256) and refuses on a blocking problem.
+    `should_stop` is asked before anything is sent (and, over SFTP, again between the upload and the swap):
+    when it says yes, the node is left untouched (StopRequested). `judge` sees the probe's facts first and
+    returns the request to carry out, or None to change nothing (the agent: one probe per repair).
     """
-    cand = inspect(source)
-    node_dir = target_dir.rstrip("/") or "/"
-    session = _Session(t, F.probe_script(t.path(node_dir), maps=False))
+    node_dir = req.node_dir
+    history = F.ALL_HISTORY if req.action == "rollback" or judge is not None else 20
+    session = _Session(t, F.probe_script(t.path(node_dir), history=history, maps=False))
     try:
-        return _deploy(t, session, cand, node_dir, operator=operator, tool=tool, dry_run=dry_run, install=install,
-                       action=action, check=check, hooks=hooks, should_stop=should_stop, stale=stale)
+        facts = F.from_probe(t, session.probe_out, node_dir, maps=False)
+        _refuse_unsafe_state(t, facts)
+        live = F.choose_live(facts, t.name)
+        if judge is not None:
+            chosen = judge(facts, live)
+            if chosen is None:
+                path, sha = (live.path, live.sha256) if live else (f"{node_dir}/{F.LIB}", None)
+                return SwapResult(t.name, "none", False, path, sha, sha or "", plan=[Step("noop", "nothing to do")])
+            req = chosen
+        if req.action == "rollback":
+            return _rollback(t, session, facts, live, req)
+        return _deploy(t, session, facts, live, req)
     finally:
         session.end()
 
 
-def _deploy(t: Transport, session: _Session, cand: Candidate, node_dir: str, *, operator: str, tool: str,
-            dry_run: bool, install: bool, action: str, check: bool, hooks: SwapHooks | None,
-            should_stop: Callable[[], bool] | None, stale: bool) -> SwapResult:
-    facts = F.from_probe(t, session.probe_out, node_dir, maps=False)
-    _refuse_unsafe_state(t, facts)
-    live = F.choose_live(facts, t.name)
+def _deploy(t: Transport, session: _Session, facts: F.NodeFacts, live: F.LibFile | None,
+            req: SwapRequest) -> SwapResult:
+    cand, node_dir, hooks = req.candidate, req.node_dir, req.hooks
+    if cand is None:
+        raise UsageError(f"{t.name}: a {req.action} needs a candidate library")
     live_path = live.path if live else f"{node_dir}/{F.LIB}"
-    preflight(facts, cand, t.name, live, install=install)
+    preflight(facts, cand, t.name, live, install=req.install)
     upload = f"{UPLOAD_DIR}/.vgpu-patch-upload-{cand.sha256[:12]}-{secrets.token_hex(6)}"  # SFTP only
     after_upload = hooks.after_upload if hooks else None
     plan = list(plan_swap(
-        facts, live, live_path, cand.sha256, source=cand.path.name, upload=True,
-        receive=cand.size if session.streamed else None, pause=bool(after_upload and session.streamed),
-        params=_params(t, node_dir, live_path, cand.sha256, action=action, operator=operator, tool=tool, stale=stale,
-                       up=None if session.streamed else t.path(upload), src=None, updir=t.path(UPLOAD_DIR)),
-        in_lock=hooks.in_lock if hooks else "", stale=stale,
+        facts, live, live_path, cand.sha256, req, source=cand.path.name,
+        receive=cand.size if session.streamed else None,
+        params=_params(t, req, live_path, cand.sha256, up=None if session.streamed else t.path(upload), src=None,
+                       updir=t.path(UPLOAD_DIR)),
     ))
-    result = SwapResult(t.name, action, False, live_path, live.sha256 if live else None, cand.sha256, plan=plan)
+    result = SwapResult(t.name, req.action, False, live_path, live.sha256 if live else None, cand.sha256, plan=plan)
     if plan[0].kind == "noop":
         return result
-    if check:
+    if req.check:
         from .compat import check_against_live
 
         result.plan.insert(0, Step("verify", check_against_live(t, cand, live)))
-    if dry_run:
+    if req.dry_run:
         result.pending = True
         return result
-    _checkpoint(t, should_stop)
+    _checkpoint(t, req.should_stop)
     if not session.streamed:
         try:
             t.put(cand.path, upload)
             if after_upload:
                 after_upload(t.path(upload))
-            _checkpoint(t, should_stop)
+            _checkpoint(t, req.should_stop)
         except BaseException:
             _remove_upload(t, upload, redial=True)  # a partial or unused upload: nothing else will remove it
             raise
@@ -366,40 +410,30 @@ def rollback(
     should_stop: Callable[[], bool] | None = None,
     stale: bool = False,
 ) -> SwapResult:
-    """Restore a recorded backup the same atomic way, verified by sha256 and byte for byte (`stale`: as
-    for deploy_file)."""
-    node_dir = target_dir.rstrip("/") or "/"
-    session = _Session(t, F.probe_script(t.path(node_dir), history=F.ALL_HISTORY, maps=False))
-    try:
-        return _rollback(t, session, node_dir, to_sha256=to_sha256, operator=operator, tool=tool, dry_run=dry_run,
-                         hooks=hooks, should_stop=should_stop, stale=stale)
-    finally:
-        session.end()
+    """Restore a recorded backup the same atomic way, verified by sha256 and byte for byte: `swap()` with a
+    rollback request."""
+    return swap(t, SwapRequest(operator, "rollback", None, to_sha256, target_dir, tool, stale=stale, dry_run=dry_run,
+                               hooks=hooks, should_stop=should_stop))
 
 
-def _rollback(t: Transport, session: _Session, node_dir: str, *, to_sha256: str | None, operator: str, tool: str,
-              dry_run: bool, hooks: SwapHooks | None, should_stop: Callable[[], bool] | None,
-              stale: bool) -> SwapResult:
-    facts = F.from_probe(t, session.probe_out, node_dir, maps=False)
-    _refuse_unsafe_state(t, facts)
-    live = F.choose_live(facts, t.name)
-    backup = choose_backup(facts, live, to_sha256, t.name)
+def _rollback(t: Transport, session: _Session, facts: F.NodeFacts, live: F.LibFile | None,
+              req: SwapRequest) -> SwapResult:
+    node_dir = req.node_dir
+    backup = choose_backup(facts, live, req.to_sha256, t.name)
     want = str(backup["sha256"])
     live_path = live.path if live else str(backup.get("path") or f"{node_dir}/{F.LIB}")
     if not live_path.startswith(node_dir + "/"):
         live_path = f"{node_dir}/{F.LIB}"
     src_node = f"{node_dir}/{F.STATE}/backups/{want}.so"
     plan = list(plan_swap(
-        facts, live, live_path, want, source=src_node, upload=False, byte_compare=True,
-        params=_params(t, node_dir, live_path, want, action="rollback", operator=operator, tool=tool, stale=stale,
-                       up=None, src=t.path(src_node), updir=None),
-        in_lock=hooks.in_lock if hooks else "", stale=stale,
+        facts, live, live_path, want, req, source=src_node,
+        params=_params(t, req, live_path, want, up=None, src=t.path(src_node), updir=None),
     ))
     result = SwapResult(t.name, "rollback", False, live_path, live.sha256 if live else None, want, plan=plan)
-    if plan[0].kind == "noop" or dry_run:
+    if plan[0].kind == "noop" or req.dry_run:
         result.pending = plan[0].kind != "noop"
         return result
-    _checkpoint(t, should_stop)
+    _checkpoint(t, req.should_stop)
     sent = S.script([st.sh for st in plan], with_program=not session.streamed)
     state, mapped, bk, ino, replaced = _parse_swap(t, session.run_script(sent), node_dir)
     if state == "noop":
@@ -448,4 +482,5 @@ def node_status(t: Transport, target_dir: str = DEFAULT_DIR, *, history: int = 5
     )
 
 
-__all__ = ["Candidate", "NodeStatus", "SwapHooks", "SwapResult", "deploy_file", "node_status", "rollback"]
+__all__ = ["Candidate", "NodeStatus", "SwapHooks", "SwapRequest", "SwapResult", "deploy_file", "node_status",
+           "rollback", "swap"]
