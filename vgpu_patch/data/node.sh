@@ -39,9 +39,12 @@ TMP=""; BTMP=""; LT=""; LOCKDIR=""         # temp files and the mkdir lock (remo
 WHY=""; CANDS=""                           # choose_live: the evidence (or the refusal), the version-like names
 cur=""; got=""; HASH=""                    # the sha256 of what is live, of what goes live, hash_of's result
 BK=""; NEWBK=""; REC=""; FROMJ=null; CURJ=null; SIZE=0  # back_up: the backup, and what the history records
-WANTJ=null
+WANTJ=null                                 # the wanted sha256 (JSON), set by begin
+UNSAFE=""                                  # probe: the state dir is not to be read through
 NL='
 '
+# Scratch names, each used inside one function only: bad m out rc PRE keep sums code n f h p v o j, and the
+# choose_live helpers' _-prefixed ones.
 
 # -- helpers -------------------------------------------------------------------------------------------------
 rmx() {  # rm -f what of "$@" exists: no rm process at all on the common path
