@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Write every shell script the tool sends to a node into DIR, for shellcheck.
 
-The scripts are generated (deploy/facts.py's probe, deploy/swap.py's swap), so they are captured
+The scripts are the node program (vgpu_patch/data/node.sh, also checked on its own) with the parameters and
+calls of deploy/facts.py's probe and deploy/swap.py's swap, so they are captured
 from real runs: deploy LIBRARY to a fake node root whose live file is a copy of VENDOR, then roll
 back, over a local transport that records each command (and each script sent on a stream's stdin)
 before running it; once in one session per node (streamed), once as separate runs (sudo with a
@@ -16,6 +17,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from vgpu_patch.deploy.facts import node_program
 from vgpu_patch.deploy.swap import deploy_file, node_status, rollback
 from vgpu_patch.transport.base import Result, Stream
 from vgpu_patch.transport.local import LocalTransport
@@ -41,7 +43,8 @@ class Recording(LocalTransport):
         def recording_send(data: bytes) -> None:
             if data.startswith(b"@@go "):  # `@@go N` and the N-byte script (the payload comes separately)
                 head, _, rest = data.partition(b"\n")
-                self.scripts.append(rest[: int(head.split()[1])].decode())
+                # it runs in the probe's shell, where node.sh already defined the functions it calls
+                self.scripts.append(node_program() + "\n" + rest[: int(head.split()[1])].decode())
             send(data)
 
         stream.send = recording_send  # type: ignore[method-assign]

@@ -17,11 +17,13 @@ import click
 from .cli_options import emit_json, error_document, json_emitted
 from .errors import EXIT_FAILED, VgpuPatchError
 
-COMMANDS = ["build", "check", "deploy", "status", "rollback", "region", "agent", "daemonset", "restart-plan", "demo"]
+COMMANDS = ["build", "check", "deploy", "status", "rollback", "region", "agent", "daemonset", "plugin-image",
+            "restart-plan", "demo"]
 
 EPILOG = """\b
 Exit codes: 0 ok; 1 failed (or --dry-run with changes pending); 2 usage error;
-3 fleet partly failed; 4 check found an incompatibility.
+3 fleet partly failed; 4 check found an incompatibility; 5 status: a live file was
+replaced outside vgpu-patch (the device plugin's copy-back?).
 """
 
 

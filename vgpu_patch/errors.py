@@ -8,6 +8,7 @@ Exit codes (the contract scripts rely on; also printed in `vgpu-patch --help`):
      a file or directory named on the command line that does not exist
   3  a fleet run where some nodes succeeded and some failed
   4  `check` found a blocking incompatibility (see `vgpu-patch check --help` for its bitmask)
+  5  `status`: a live file was replaced outside vgpu-patch (the device plugin's copy-back?)
 
 Each message is one line naming what failed, where, and what to do next.
 """
@@ -18,6 +19,7 @@ EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_PARTIAL = 3
 EXIT_INCOMPATIBLE = 4
+EXIT_REPLACED = 5
 
 
 class VgpuPatchError(Exception):

@@ -136,7 +136,7 @@ def test_upgrade_without_a_preload_choice_is_refused_and_unready(running: Agent,
         wait_for(lambda: running.snapshot().state == "error")
         snap = running.snapshot()
         assert not snap.ready and "several versioned libraries" in (snap.last_error or "")
-        assert "ld.so.preload names none of them" in (snap.last_error or "")
+        assert "ld.so.preload names none" in (snap.last_error or "")
         doc = json.loads((tmp_path / "run" / "agent.json").read_text())
         assert doc["ready"] is False and doc["state"] == "error" and doc["reason"].startswith("error: ")
         assert not ready_marker.exists()

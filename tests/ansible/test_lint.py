@@ -26,15 +26,10 @@ def test_ansible_lint_production_profile() -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
-def test_role_scripts_are_generated_from_the_cli_steps(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    """The role runs the CLI's own swap steps: its copies must be what script.py generates now."""
-    import sys
-
-    proc = subprocess.run([sys.executable, "-m", "vgpu_patch.deploy.script", str(tmp_path)], capture_output=True,
-                          text=True, cwd=ANSIBLE_DIR.parent, timeout=60)
-    assert proc.returncode == 0, proc.stderr
-    for action in ("deploy", "rollback"):
-        name = f"vgpu-patch-{action}.sh"
-        fresh = (tmp_path / name).read_text()
-        assert (ANSIBLE_DIR / "roles" / "vgpu_patch" / "files" / name).read_text() == fresh, (
-            f"{name} is stale: run python3 -m vgpu_patch.deploy.script")
+def test_the_role_ships_the_package_files_themselves() -> None:
+    """No generated copies: the role's node program and rollback picker are the package's own files."""
+    files = ANSIBLE_DIR / "roles" / "vgpu_patch" / "files"
+    pkg = ANSIBLE_DIR.parent / "vgpu_patch"
+    assert (files / "node.sh").resolve() == (pkg / "data" / "node.sh").resolve()
+    assert (files / "rollback_pick.py").resolve() == (pkg / "deploy" / "rollback_pick.py").resolve()
+    assert sorted(p.name for p in files.iterdir()) == ["node.sh", "rollback_pick.py"]

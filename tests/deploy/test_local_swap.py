@@ -58,11 +58,14 @@ def test_dry_run_changes_nothing(node, libs) -> None:
     r = deploy_file(t, libs["v1"], DIR, operator="a", dry_run=True)
     assert r.pending and not r.changed
     assert [s.kind for s in r.plan][:4] == ["prepare", "verify", "lock", "upload"]
-    # the plan carries the commands: the script that would run is exactly its fragments joined
+    # the plan carries the calls: the script that would run is exactly its calls joined, after node.sh, whose
+    # functions each step's `code` shows
     from vgpu_patch.deploy import script
 
-    sent = script.script([s.sh for s in r.plan])
-    assert all(s.sh in sent for s in r.plan) and "flock -n 9" in sent and "mv -f \"$TMP\" \"$LIVE\"" in sent
+    sent = script.script([s.sh for s in r.plan], with_program=True)
+    assert all(s.sh in sent for s in r.plan) and all(s.code in sent for s in r.plan)
+    codes = "\n".join(s.code for s in r.plan)
+    assert "flock -n 9" in codes and "mv -f \"$TMP\" \"$LIVE\"" in codes
     assert (d / "libvgpu.so").read_bytes() == libs["vendor"].read_bytes()
     assert not (d / ".vgpu-patch").exists()
 
@@ -303,9 +306,9 @@ def test_process_mapping_the_old_library_keeps_running(tmp_path: Path, node, lib
         assert child.stdout.readline().strip() == "ready"
         assert node_status(t, DIR).stale_pids == []
         # the report reads every process's maps only when asked
-        assert "/proc/" not in deploy_file(t, libs["v1"], DIR, operator="a", dry_run=True).plan[-1].sh
+        assert "STALE=0" in deploy_file(t, libs["v1"], DIR, operator="a", dry_run=True).plan[0].sh
         r = deploy_file(t, libs["v1"], DIR, operator="a", stale=True)
-        assert child.pid in r.stale_pids and "/proc/" in r.plan[-1].sh
+        assert child.pid in r.stale_pids and "STALE=1" in r.plan[0].sh
         st = node_status(t, DIR)
         assert child.pid in st.stale_pids and st.ours and st.version == "0.1.0"
         child.stdin.write("go\n")

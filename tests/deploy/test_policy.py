@@ -176,7 +176,7 @@ def test_dry_run_json_carries_the_exact_commands(tmp_path: Path, libs) -> None:
     kinds = [s["kind"] for s in plan]
     assert kinds[0] == "prepare" and "swap" in kinds and kinds[-1] == "report"
     swap = next(s for s in plan if s["kind"] == "swap")
-    assert 'mv -f "$TMP" "$LIVE"' in swap["sh"]
+    assert swap["sh"] == "swap_in" and 'mv -f "$TMP" "$LIVE"' in swap["code"]
 
 
 def test_bad_batch_through_the_cli_is_a_usage_error(tmp_path: Path, libs) -> None:

@@ -15,15 +15,16 @@ import socket
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..deploy import facts as F
-from ..deploy.swap import SwapResult, deploy_file, rollback
+from ..deploy.swap import SwapRequest, SwapResult, rollback, swap
 from ..errors import IntegrityError, VgpuPatchError
 from ..transport.local import LocalTransport
 from .image import ImageLibrary, expected_sha256, verify_image
+from .policy import decide
 from .status import AgentStatus, utc_now, write_ready_marker, write_status
 from .watcher import PollWatcher, make_watcher, relevant
 
@@ -71,6 +72,9 @@ class Agent:
         self.operator = cfg.operator or default_operator()
         self.t = LocalTransport(cfg.host_root, name=self.operator.split("@", 1)[-1])
         self.dir = cfg.target_dir.rstrip("/") or "/"
+        # built once: the image's library, inspected once at start, installed wherever nothing is
+        self.request = SwapRequest(self.operator, "deploy", self.image.candidate, target_dir=self.dir, tool=TOOL,
+                                   install=True)
         self.host_dir = Path(self.t.path(self.dir))
         self.status = AgentStatus(
             node=self.t.name, library=str(cfg.library), want_sha256=self.image.sha256, target_dir=self.dir
@@ -103,36 +107,45 @@ class Agent:
         return tuple(entries)
 
     def ensure(self, *, startup: bool) -> str:
-        """Look at the live file and act; returns ok | deploy | reapply | yielded."""
+        """Look at the live file and act (one probe: the swap's own); returns ok | deploy | reapply | yielded."""
         s = self.status
         sig = self.signature()  # taken before hashing: a change after it shows up as a new signature
-        facts = F.gather(self.t, self.dir, history=5, maps=False)
-        live = F.choose_live(facts, self.t.name)
-        s.checks += 1
-        s.last_check, s.last_check_unix = utc_now(), time.time()
-        s.live_path, s.live_sha256 = (live.path, live.sha256) if live else (None, None)
-        if live is not None and live.sha256 == self.image.sha256:
-            s.state, s.yielded_to = "ok", None  # also ends a yield: someone put our library back
-            self._good_sig = sig
-            return "ok"
-        last = facts.history[-1] if facts.history else None
-        if not startup and s.state == "yielded":
-            return "yielded"
-        if not startup and live is not None and last and last.get("to_sha256") == live.sha256:
-            s.state, s.yielded_to = "yielded", last
-            log(
-                f"{live.path} was changed to {live.sha256[:12]} by {last.get('tool')} ({last.get('operator')}, "
-                f"{last.get('action')}): respecting it and no longer enforcing; restart the agent to enforce again"
-            )
-            return "yielded"
-        action = "reapply" if last and last.get("to_sha256") == self.image.sha256 else "deploy"
-        if live is not None:
-            self._note_partial(live)
-        res = deploy_file(
-            self.t, self.image.path, self.dir, operator=self.operator, tool=TOOL, install=True, action=action
-        )
-        self._record(res, action)
-        return action if res.changed else "ok"
+        did = "ok"
+
+        def judge(facts: F.NodeFacts, live: F.LibFile | None) -> SwapRequest | None:
+            nonlocal did
+            s.checks += 1
+            s.last_check, s.last_check_unix = utc_now(), time.time()
+            s.live_path, s.live_sha256 = (live.path, live.sha256) if live else (None, None)
+            last = F.last_change(facts.history)
+            decision = decide(live.sha256 if live else None, self.image.sha256, last, startup=startup,
+                              yielded=s.state == "yielded")
+            did = decision.action
+            if decision.action == "ok":
+                s.state, s.yielded_to = "ok", None  # also ends a yield: someone put our library back
+                self._good_sig = sig
+                return None
+            if decision.action == "yielded":
+                return None
+            if decision.action == "yield":
+                did, s.state, s.yielded_to = "yielded", "yielded", last
+                log(f"{s.live_path} was changed to {(s.live_sha256 or '')[:12]} by {(last or {}).get('tool')} "
+                    f"({(last or {}).get('operator')}, {(last or {}).get('action')}): respecting it and no longer "
+                    "enforcing; restart the agent to enforce again")
+                return None
+            if decision.copy_back:
+                s.copy_backs += 1
+                log(f"{live.path if live else self.dir} {F.COPY_BACK}: it differs from the last recorded change; "
+                    f"putting the image's library back; {F.FIX_BY_IMAGE}")
+            if live is not None:
+                self._note_partial(live)
+            return replace(self.request, action=decision.action)
+
+        res = swap(self.t, self.request, judge=judge)
+        if did in ("ok", "yielded"):
+            return did
+        self._record(res, did)
+        return did if res.changed else "ok"
 
     def _note_partial(self, live: F.LibFile) -> None:
         """Say so when the file being replaced is not a whole library; the swap then keeps no backup of it."""

@@ -32,6 +32,7 @@ class AgentStatus:
     checks: int = 0
     deploys: int = 0
     reapplies: int = 0
+    copy_backs: int = 0  # times the live file was found replaced outside vgpu-patch (the plugin's copy-back?)
     errors: int = 0
     last_check: str | None = None
     last_check_unix: float = 0.0

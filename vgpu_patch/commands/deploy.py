@@ -16,7 +16,7 @@ from ..deploy.candidate import inspect, verify_expected
 from ..deploy.cli_targets import default_operator, policy_from, progress, resolve_targets
 from ..deploy.fleet import run_fleet, stop_requested
 from ..deploy.render import plan_listing, swap_table
-from ..deploy.swap import DEFAULT_TOOL, deploy_file
+from ..deploy.swap import DEFAULT_TOOL, SwapRequest, swap
 
 EPILOG = """\b
 Examples:
@@ -58,11 +58,11 @@ def cli(file: str, install: bool, check: bool, expect_sha256: str | None, operat
     verify_expected(cand, expect_sha256)
     targets = resolve_targets(kw)
     policy = policy_from(kw, len(targets.specs))
-    who = operator or default_operator()
+    req = SwapRequest(operator or default_operator(), "deploy", cand, tool=DEFAULT_TOOL, install=install, check=check,
+                      stale=stale, dry_run=dry_run, should_stop=stop_requested)  # once: the candidate inspected once
 
     def op(t, spec):
-        r = deploy_file(t, cand.path, targets.dir_for(spec), operator=who, tool=DEFAULT_TOOL, dry_run=dry_run,
-                        install=install, check=check, should_stop=stop_requested, stale=stale)
+        r = swap(t, req.at(targets.dir_for(spec)))
         return ("changed" if r.changed else "pending" if r.pending else "unchanged"), r
 
     with progress(len(targets.specs), "deploy") as done:

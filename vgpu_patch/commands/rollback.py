@@ -9,7 +9,7 @@ from ..cli_options import dry_run_option, emit_json, fleet_options, json_option,
 from ..deploy.cli_targets import default_operator, policy_from, progress, resolve_targets
 from ..deploy.fleet import run_fleet, stop_requested
 from ..deploy.render import plan_listing, swap_table
-from ..deploy.swap import DEFAULT_TOOL, rollback
+from ..deploy.swap import DEFAULT_TOOL, SwapRequest, swap
 from ..errors import UsageError
 
 EPILOG = """\b
@@ -50,11 +50,11 @@ def cli(to_sha256: str, yes: bool, operator: str | None, stale: bool, dry_run: b
     if not (yes or dry_run):
         names = ", ".join(s.name for s in targets.specs[:5]) + (" ..." if len(targets.specs) > 5 else "")
         click.confirm(f"Roll back the library on {len(targets.specs)} node(s) ({names})?", abort=True, err=True)
-    who = operator or default_operator()
+    req = SwapRequest(operator or default_operator(), "rollback", to_sha256=to_sha256, tool=DEFAULT_TOOL, stale=stale,
+                      dry_run=dry_run, should_stop=stop_requested)
 
     def op(t, spec):
-        r = rollback(t, targets.dir_for(spec), to_sha256=to_sha256, operator=who, tool=DEFAULT_TOOL,
-                     dry_run=dry_run, should_stop=stop_requested, stale=stale)
+        r = swap(t, req.at(targets.dir_for(spec)))
         return ("changed" if r.changed else "pending" if r.pending else "unchanged"), r
 
     with progress(len(targets.specs), "rollback") as done:

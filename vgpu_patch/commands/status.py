@@ -8,6 +8,7 @@ from ..deploy.cli_targets import progress, resolve_targets
 from ..deploy.fleet import run_fleet
 from ..deploy.render import status_table
 from ..deploy.swap import node_status
+from ..errors import EXIT_OK, EXIT_REPLACED
 
 EPILOG = """\b
 Examples:
@@ -16,7 +17,9 @@ Examples:
   vgpu-patch status --local /tmp/node
 \b
 Exit codes: 0 every node answered and has a library; 1 none did; 2 usage error;
-3 some did not. A node without a libvgpu.so (or with an ambiguous one) counts as not done.
+3 some did not; 5 every node answered, but on some the live file was replaced outside
+vgpu-patch (the device plugin's copy-back?: it differs from the last recorded change). A
+node without a libvgpu.so (or with an ambiguous one) counts as not done.
 """
 
 
@@ -49,4 +52,7 @@ def cli(history: int, as_json: bool, parallel: int, **kw: object) -> None:
     else:
         status_table(fleet)
         stale_table(fleet)
-    raise SystemExit(fleet.exit_code())
+    code = fleet.exit_code()
+    if code == EXIT_OK and any(getattr(o.result, "replaced_outside", False) for o in fleet.outcomes):
+        code = EXIT_REPLACED
+    raise SystemExit(code)

@@ -1,13 +1,16 @@
 """Read-only facts about a node, gathered in one privileged round trip (a probe script plus parsers).
 
-Nothing here changes the node. `gather()` returns NodeFacts; `choose_live()` applies the rule of
-docs/node-state.md (the single versioned `libvgpu.so.<v>`, else `libvgpu.so`; refuse ambiguity).
+Nothing here changes the node. `gather()` returns NodeFacts. Which file is live (docs/node-state.md) is
+decided on the node, by `choose_live` in the node program (data/node.sh) that every tool sends; the probe
+prints its verdict and `choose_live()` here only reads it.
 """
 from __future__ import annotations
 
 import json
 import shlex
 from dataclasses import dataclass, field
+from functools import cache
+from importlib import resources
 
 from ..errors import DeployError
 from ..transport.base import Transport
@@ -58,6 +61,9 @@ class NodeFacts:
     mapped: list[MappedLib] = field(default_factory=list)
     state_problem: str | None = None  # the state dir is unsafe to use (symlinks, not root's): refuse it
     warnings: list[str] = field(default_factory=list)
+    live_name: str | None = None  # the node program's choice (a name in target_dir), None when it refused
+    live_why: str = ""  # the evidence that decided it, or why it refused
+    plugin_manifest: dict | None = None  # vgpu-patch-manifest.json a plugin image (plugin-image) installed
 
     def file(self, name: str) -> LibFile | None:
         return next((f for f in self.files if f.name == name), None)
@@ -72,67 +78,18 @@ class NodeFacts:
 
 
 # -- the probe ------------------------------------------------------------------------------------
-def _section(name: str) -> str:
-    return f"printf '\\n@@vgpu %s\\n' {name}"
+@cache
+def node_program() -> str:
+    """data/node.sh: the functions every tool runs on a node (the CLI, the agent and the Ansible role)."""
+    return (resources.files("vgpu_patch") / "data" / "node.sh").read_text()
 
 
-def probe_script(real_dir: str, *, history: int = 20, maps: bool = True) -> str:
-    d = shlex.quote(real_dir.rstrip("/") or "/")
-    parts = [
-        f"D={d}; S=\"$D/{STATE}\"",
-        _section("arch"), "uname -m",
-        _section("glibc"), "getconf GNU_LIBC_VERSION 2>/dev/null || ldd --version 2>&1 | head -n 1",
-        _section("uid"), "PROBED_ME=$(id -u); echo \"$PROBED_ME\"",  # reused by a swap in the same shell
-        _section("flock"), "command -v flock || true",
-        _section("dir"), "[ -d \"$D\" ] && echo yes",
-        _section("df"),
-        "p=\"$D\"; while [ ! -d \"$p\" ]; do p=$(dirname \"$p\"); done; df -Pk \"$p\"",  # its last line counts
-        _section("files"),
-        "for f in \"$D\"/" + LIB + " \"$D\"/" + LIB + ".*; do"
-        " n=${f##*/};"
-        " if [ -L \"$f\" ]; then printf 'L\\t%s\\t%s\\n' \"$n\" \"$(readlink \"$f\")\"; continue; fi;"
-        " [ -f \"$f\" ] || continue;"
-        " h=$(sha256sum < \"$f\"); h=${h%% *};"
-        " v=$(grep -a -o -m 1 'vgpu-patch-shim [0-9A-Za-z.+~_-]*' \"$f\");"
-        " printf 'F\\t%s\\t%s\\t%s\\t%s\\n' \"$n\" \"$h\" \"$(stat -c '%s %i %a %u %g' \"$f\")\" \"$v\";"
-        " done",
-        # never read through a symlink (as root it could point anywhere): a linked ld.so.preload is not read
-        _section("preload"),
-        "[ -f \"$D/ld.so.preload\" ] && [ ! -L \"$D/ld.so.preload\" ] && { echo present; cat \"$D/ld.so.preload\"; }",
-        _section("state"), STATE_CHECK,
-        _section("backups"),
-        "[ -n \"$UNSAFE\" ] || for j in \"$S\"/backups/*.json; do [ -f \"$j\" ] || continue; h=${j##*/}; h=${h%.json};"
-        " if [ -f \"$S/backups/$h.so\" ]; then printf 'yes\\t'; else printf 'no\\t'; fi;"
-        " tr -d '\\n' < \"$j\"; echo; done",
-        _section("history"),
-        f"[ -z \"$UNSAFE\" ] && [ -f \"$S/history.jsonl\" ] && tail -n {int(history)} \"$S/history.jsonl\"",
-    ]
-    if maps:
-        parts += [_section("maps"), maps_snippet()]
-    parts.append("true")
-    return "\n".join(parts) + "\n"
-
-
-# Read-only twin of script.SAFE_STATE: as root, never read through a state dir someone else controls.
-STATE_CHECK = (
-    'UNSAFE=""; if [ -L "$S" ]; then UNSAFE=1; echo "$S is a symlink";'
-    ' elif [ -d "$S" ]; then'
-    ' if [ "$(id -u)" = 0 ]; then'
-    ' bad=$(find "$S" \\( -type l -o ! -user 0 -o -perm -002 -o \\( -type d -perm -020 \\) \\) -print 2>/dev/null'
-    ' | head -n 1);'
-    ' else bad=$(find "$S" -type l -print 2>/dev/null | head -n 1); fi;'
-    ' if [ -L "$bad" ]; then UNSAFE=1; echo "$bad is a symlink inside $S";'
-    ' elif [ -n "$bad" ]; then UNSAFE=1;'
-    ' echo "$bad is not root\'s alone (owner $(stat -c %U "$bad"), mode $(stat -c %a "$bad"))";'
-    ' fi; fi'
-)
-
-
-def maps_snippet() -> str:
-    """One grep over every process's maps for the library dir (and HAMi's in-container path)."""
-    return (
-        "grep -s -H -F -e \"$D/" + LIB + "\" -e " + shlex.quote(CONTAINER_LIB) + " /proc/[0-9]*/maps | sort -u || true"
-    )
+def probe_script(real_dir: str, *, history: int = 20, maps: bool = True, proc: str = "/proc") -> str:
+    """node.sh's `probe` with its parameters (`proc`: where the node's processes are; a test points it elsewhere).
+    It prints one `@@vgpu <name>` section per fact, the live file's verdict among them (section `live`)."""
+    d = real_dir.rstrip("/") or "/"
+    args = {"D": d, "PROC": proc, "HISTORY": int(history), "MAPS": 1 if maps else 0}
+    return node_program() + "\n" + "; ".join(f"{k}={shlex.quote(str(v))}" for k, v in args.items()) + "\nprobe\n"
 
 
 def _split_sections(text: str) -> dict[str, list[str]]:
@@ -223,6 +180,13 @@ def parse(text: str, node_dir: str) -> NodeFacts:
         facts.state_problem = (f"{state[0]}: refusing to read or write node state through it; remove the "
                                f"symlink, or chown -R root:root and chmod go-w the state dir (nothing changed)")
     facts.mapped = parse_maps(sec.get("maps", []))
+    pm = _json_lines(sec.get("plugin_manifest", []), facts.warnings, "vgpu-patch-manifest.json")
+    facts.plugin_manifest = pm[0] if pm else None
+    verdict = (sec.get("live") or [""])[0].split("\t")
+    if verdict[0] == "ok" and len(verdict) >= 3:
+        facts.live_name, facts.live_why = verdict[1], verdict[2]
+    elif verdict[0] == "refuse" and len(verdict) >= 2:
+        facts.live_why = verdict[1]
     return facts
 
 
@@ -246,38 +210,52 @@ def from_probe(t: Transport, text: str, node_dir: str, *, maps: bool) -> NodeFac
     return facts
 
 
-# -- the rule for the live file ---------------------------------------------------------------------
+# -- the live file: the node program's verdict --------------------------------------------------------
 def choose_live(facts: NodeFacts, node: str) -> LibFile | None:
-    """The file HAMi really uses, None when the directory holds none; DeployError when that is ambiguous."""
+    """The file HAMi really uses (as the probe chose it), None when the directory holds none; DeployError when
+    the probe refused (ambiguous) or the live file is a symlink."""
     where = f"{node}:{facts.target_dir}"
-    versioned = [f for f in facts.files if f.name.startswith(LIB + ".")]
-    if len(versioned) > 1:  # an upgraded plugin's new file beside the old: follow ld.so.preload if it names one
-        named = {w.rsplit("/", 1)[-1] for line in facts.preload or [] if not line.strip().startswith("#")
-                 for w in line.replace(":", " ").split()}
-        versioned = [f for f in versioned if f.name in named] or versioned
-    if len(versioned) > 1:
-        names = ", ".join(f.name for f in versioned)
-        raise DeployError(
-            f"{where}: several versioned libraries ({names}) and ld.so.preload names none of them; HAMi's choice is "
-            "unclear: remove the stale ones, then rerun"
-        )
-    live = versioned[0] if versioned else facts.file(LIB)
+    if facts.live_name is None:
+        raise DeployError(f"{where}: {facts.live_why or 'the probe printed no live-file verdict; is /bin/sh POSIX?'}")
+    live = facts.file(facts.live_name)
     if live is not None and live.link_to is not None:
         raise DeployError(
             f"{where}: {live.name} is a symlink to {live.link_to}; replace the file it points at "
             f"(its directory as --target-dir) or make {live.name} a regular file"
         )
-    if facts.preload is not None:
-        allowed = {LIB} | ({live.name} if live else set())
-        for line in facts.preload:
-            entry = line.strip()
-            if not entry or entry.startswith("#"):
-                continue
-            for word in entry.replace(":", " ").split():
-                base = word.rsplit("/", 1)[-1]
-                if base.startswith("libvgpu") and base not in allowed:
-                    raise DeployError(
-                        f"{where}: ld.so.preload names {word} but the live file is "
-                        f"{live.name if live else 'missing'}; fix ld.so.preload (or the plugin), then rerun"
-                    )
     return live
+
+
+def other_files(facts: NodeFacts) -> list[str]:
+    """Every libvgpu.so* in the directory but the live one: leftovers and older versions, never live."""
+    return [f.name for f in facts.files if f.name != facts.live_name]
+
+
+COPY_BACK = "replaced outside vgpu-patch (the device plugin's copy-back?)"
+FIX_BY_AGENT = "run the node agent (vgpu-patch daemonset) to put our library back after every copy-back"
+FIX_BY_IMAGE = "ship our library in the device-plugin image as libvgpu.so.<VERSION> to stop copy-back for good"
+COPY_BACK_HINT = f"{FIX_BY_AGENT}, or {FIX_BY_IMAGE}"
+
+
+def last_change(history: list[dict]) -> dict | None:
+    """The newest history record that says what it set (a record without a to_sha256 is skipped)."""
+    return next((e for e in reversed(history) if isinstance(e.get("to_sha256"), str)), None)
+
+
+def delivered_by_plugin(facts: NodeFacts, live: LibFile | None) -> bool:
+    """Whether the device plugin itself installed the live file: its image carries our library and manifest
+    (`vgpu-patch plugin-image`), and the live file is that library."""
+    pm = facts.plugin_manifest
+    return bool(live is not None and pm is not None and pm.get("sha256") == live.sha256)
+
+
+def replaced_outside(history: list[dict], live: LibFile | None) -> dict | None:
+    """The last recorded change when the live file no longer holds what it wrote: someone replaced the file
+    outside every tool (HAMi's plugin copies its own library back on restart). None when it still holds it,
+    when nothing was ever recorded, or when no regular file is live."""
+    if live is None or live.link_to is not None:
+        return None
+    last = last_change(history)
+    if last is None or last["to_sha256"] == live.sha256:
+        return None
+    return last

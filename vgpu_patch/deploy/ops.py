@@ -7,10 +7,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ..errors import DeployError
 from .candidate import Candidate
 from .facts import LIB, STATE, LibFile, NodeFacts
+
+if TYPE_CHECKING:
+    from .swap import SwapRequest
 
 # Room kept free beyond what the swap writes, so the node is never filled to the last block.
 SPACE_MARGIN = 1 << 20
@@ -20,10 +24,17 @@ SPACE_MARGIN = 1 << 20
 class Step:
     kind: str  # prepare | upload | stage | verify | lock | backup | swap | record | report | noop
     text: str
-    sh: str = ""  # the commands this step runs on the node ("" for a noop or a step run on this machine)
+    sh: str = ""  # the node.sh calls this step sends ("" for a noop or a step run on this machine)
+
+    @property
+    def code(self) -> str:
+        """The node.sh functions those calls run (for `--dry-run`: what will happen on the node, exactly)."""
+        from .script import code_of
+
+        return code_of(self.sh)
 
     def to_dict(self) -> dict:
-        return {"kind": self.kind, "text": self.text, "sh": self.sh}
+        return {"kind": self.kind, "text": self.text, "sh": self.sh, "code": self.code}
 
 
 def preflight(facts: NodeFacts, cand: Candidate, node: str, live: LibFile | None, *, install: bool) -> None:
@@ -57,45 +68,46 @@ def space_needed(facts: NodeFacts, cand: Candidate, live: LibFile | None) -> int
 
 
 def plan_swap(
-    facts: NodeFacts, live: LibFile | None, live_path: str, want_sha: str, *, source: str, upload: bool,
-    prepare: str = "", manifest_printf: str = "", history_printf: str = "", byte_compare: bool = False,
-    in_lock: str = "", receive: str = "", stale: bool = False,
+    facts: NodeFacts, live: LibFile | None, live_path: str, want_sha: str, req: SwapRequest, *, source: str,
+    params: str = "", receive: int | None = None,
 ) -> Iterator[Step]:
-    """The steps a deploy (upload=True) or rollback (source = a backup) takes; only a noop when nothing differs."""
-    from . import script as S
-
+    """The steps `req` takes (a candidate, or for a rollback the backup `source`), each a node.sh call; only a
+    noop when nothing differs. `receive`: the candidate's size when it follows the calls on stdin."""
+    upload, byte_compare, stale = req.candidate is not None, req.action == "rollback", req.stale
+    in_lock = req.hooks.in_lock if req.hooks else ""
+    pause = bool(req.hooks and req.hooks.after_upload and receive is not None)
     if live is not None and live.sha256 == want_sha:
         yield Step("noop", f"{live_path} already has sha256 {want_sha[:12]}: nothing to do")
         return
     state = f"{facts.target_dir}/{STATE}"
-    yield Step("prepare", "set the paths, clean-up trap and helpers", prepare)
-    yield Step("verify", f"refuse {state} if it holds symlinks or (as root) anything not root's alone", S.SAFE_STATE)
-    yield Step("lock", f"take {state}/lock", S.LOCK + ("\n" + in_lock if in_lock else ""))
-    if receive:  # the candidate follows the script on the session's stdin
-        yield Step("upload", f"receive {source} on stdin into a new 0600 temp file beside the live file", receive)
+    yield Step("prepare", "set the parameters, the clean-up trap and the clock", params + "\nbegin")
+    yield Step("verify", f"refuse {state} if it holds symlinks or (as root) anything not root's alone", "safe_state")
+    yield Step("lock", f"take {state}/lock", "lock" + ("\n" + in_lock if in_lock else ""))
+    if receive is not None:  # the candidate follows the calls on the session's stdin
+        yield Step("upload", f"receive {source} on stdin into a new 0600 temp file beside the live file",
+                   f"receive {int(receive)}" + ("\npause" if pause else ""))
     else:
         what = f"the upload of {source} (0600)" if upload else source
-        yield Step("upload" if upload else "stage", f"copy {what} beside the live file", S.STAGE)
-    yield Step("verify", f"verify sha256 {want_sha[:12]} of the temp file on the node", S.VERIFY_SOURCE)
-    yield Step("verify", "check it loads: LD_PRELOAD=<it> /bin/true", S.LOADS)
+        yield Step("upload" if upload else "stage", f"copy {what} beside the live file", "stage")
+    yield Step("verify", f"verify sha256 {want_sha[:12]} of the temp file on the node", "verify_source")
+    yield Step("verify", "check it loads: LD_PRELOAD=<it> /bin/true", "load_test")
     if live is not None:
         if facts.backup(live.sha256) is None:
             text = f"back up {live_path} ({live.sha256[:12]}) to {state}/backups/{live.sha256}.so"
         else:
             text = f"backup of {live.sha256[:12]} already kept"
-        yield Step("backup", text, S.backup(manifest_printf))
+        yield Step("backup", text, "back_up")
     else:
-        yield Step("backup", "nothing live to back up (new install)", S.backup(manifest_printf))
+        yield Step("backup", "nothing live to back up (new install)", "back_up")
     yield Step(
         "swap",
         f"give the temp file the live file's mode and owner, fsync, rename it over {live_path}, fsync "
         f"{facts.target_dir}"
         + ("" if live is not None else " (new install)"),
-        S.SWAP,
+        "swap_in",
     )
     bytewise = ", and byte for byte" if byte_compare else ""
-    check = S.REVERIFY + ("\n" + S.BYTE_COMPARE if byte_compare else "")
-    yield Step("verify", f"verify sha256 of {live_path} is {want_sha[:12]}{bytewise}", check)
-    yield Step("record", f"append to {state}/history.jsonl", S.record(history_printf))
-    yield Step("report", "print the result" + (" and the processes mapping the library" if stale else ""),
-               S.report(stale))
+    yield Step("verify", f"verify sha256 of {live_path} is {want_sha[:12]}{bytewise}",
+               "reverify" + ("\nbyte_compare" if byte_compare else ""))
+    yield Step("record", f"append to {state}/history.jsonl", "record")
+    yield Step("report", "print the result" + (" and the processes mapping the library" if stale else ""), "report")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import secrets
 import shlex
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -37,6 +37,37 @@ class SwapHooks:
 
     after_upload: Callable[[str], None] | None = None
     in_lock: str = ""
+
+
+@dataclass(frozen=True)
+class SwapRequest:
+    """One swap, built once by its caller (the CLI per run, the agent at start) and taken down one path: what
+    goes live (an inspected candidate, or a backup for a rollback), where, as whom, and how."""
+
+    operator: str
+    action: str = "deploy"  # deploy | reapply: `candidate` goes live; rollback: the backup `to_sha256` names
+    candidate: Candidate | None = None
+    to_sha256: str | None = None  # rollback: previous | vendor | a backup's sha256 (6+ hex)
+    target_dir: str = DEFAULT_DIR
+    tool: str = DEFAULT_TOOL
+    install: bool = False  # install where the directory has no library yet
+    check: bool = False  # run `check` on the candidate against the live file first
+    stale: bool = False  # also list the processes still mapping the old library (reads every maps file)
+    dry_run: bool = False
+    hooks: SwapHooks | None = None
+    should_stop: Callable[[], bool] | None = None
+
+    @property
+    def node_dir(self) -> str:
+        return self.target_dir.rstrip("/") or "/"
+
+    def at(self, target_dir: str) -> SwapRequest:
+        """The same request for another node's library directory."""
+        return replace(self, target_dir=target_dir)
+
+
+# the caller's judgement after the probe (the agent's policy): the request to carry out, or None for nothing
+Judge = Callable[[F.NodeFacts, "F.LibFile | None"], "SwapRequest | None"]
 
 
 @dataclass
@@ -74,12 +105,21 @@ class NodeStatus:
     glibc: str | None = None
     problem: str | None = None  # e.g. an ambiguous directory; the rest is still reported
     warnings: list[str] = field(default_factory=list)  # e.g. undecodable history lines that were skipped
+    live_why: str = ""  # the evidence that made `path` the live file (the node program's words)
+    replaced_outside: bool = False  # the live file differs from the last recorded change (copy-back?)
+    delivered_by_plugin: bool = False  # the device plugin's image installed it (vgpu-patch plugin-image)
+    other_files: list[str] = field(default_factory=list)  # every other libvgpu.so*: leftovers, old versions
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
-_history_printf, _manifest_printf = S.history_printf, S.manifest_printf
+def _params(t: Transport, req: SwapRequest, live_path: str, want: str, *, up: str | None, src: str | None,
+            updir: str | None) -> str:
+    """node.sh's parameters for one swap: real paths for the node's shell, the node's own path for the record."""
+    return S.params(D=t.path(req.node_dir), LIVE=t.path(live_path), WANT=want, UP=up or "", SRC=src or "",
+                    UPDIR=updir or "", LIVEJ=S.jstr(live_path), ACTJ=S.jstr(req.action), OPJ=S.jstr(req.operator),
+                    TOOLJ=S.jstr(req.tool), STALE=1 if req.stale else 0)
 
 
 def _raise_for(t: Transport, code: int, out: str, where: str) -> None:
@@ -195,71 +235,80 @@ def deploy_file(
     should_stop: Callable[[], bool] | None = None,
     stale: bool = False,
 ) -> SwapResult:
-    """Swap `source` in as the node's live library (see the module docstring for the guarantees).
+    """Swap `source` in as the node's live library: `swap()` with a request for it (see SwapRequest)."""
+    return swap(t, SwapRequest(operator, action, inspect(source), None, target_dir, tool, install, check, stale,
+                               dry_run, hooks, should_stop))
+
+
+def swap(t: Transport, req: SwapRequest, *, judge: Judge | None = None) -> SwapResult:
+    """Carry out `req` on one node (see the module docstring for the guarantees): one probe, then the swap.
 
     `stale=True` also lists the processes still mapping the old library (`stale_pids`), at the cost of
-    reading every process's maps on the node.
-
-    `check=True` also runs `vgpu-patch check` on `source` against the live file (fetched once per
-    distinct vendor sha256) and refuses on a blocking problem. `should_stop` is asked before anything is
-    sent (and, over SFTP, again between the upload and the swap): when it says yes, the node is left
-    untouched (StopRequested).
+    reading every process's maps on the node. `check=True` also runs `vgpu-patch check` on the candidate
+    against the live file (fetched once per distinct vendor sha256) and refuses on a blocking problem.
+    `should_stop` is asked before anything is sent (and, over SFTP, again between the upload and the swap):
+    when it says yes, the node is left untouched (StopRequested). `judge` sees the probe's facts first and
+    returns the request to carry out, or None to change nothing (the agent: one probe per repair).
     """
-    cand = inspect(source)
-    node_dir = target_dir.rstrip("/") or "/"
-    session = _Session(t, F.probe_script(t.path(node_dir), maps=False))
+    node_dir = req.node_dir
+    history = F.ALL_HISTORY if req.action == "rollback" or judge is not None else 20
+    session = _Session(t, F.probe_script(t.path(node_dir), history=history, maps=False))
     try:
-        return _deploy(t, session, cand, node_dir, operator=operator, tool=tool, dry_run=dry_run, install=install,
-                       action=action, check=check, hooks=hooks, should_stop=should_stop, stale=stale)
+        facts = F.from_probe(t, session.probe_out, node_dir, maps=False)
+        _refuse_unsafe_state(t, facts)
+        live = F.choose_live(facts, t.name)
+        if judge is not None:
+            chosen = judge(facts, live)
+            if chosen is None:
+                path, sha = (live.path, live.sha256) if live else (f"{node_dir}/{F.LIB}", None)
+                return SwapResult(t.name, "none", False, path, sha, sha or "", plan=[Step("noop", "nothing to do")])
+            req = chosen
+        if req.action == "rollback":
+            return _rollback(t, session, facts, live, req)
+        return _deploy(t, session, facts, live, req)
     finally:
         session.end()
 
 
-def _deploy(t: Transport, session: _Session, cand: Candidate, node_dir: str, *, operator: str, tool: str,
-            dry_run: bool, install: bool, action: str, check: bool, hooks: SwapHooks | None,
-            should_stop: Callable[[], bool] | None, stale: bool) -> SwapResult:
-    facts = F.from_probe(t, session.probe_out, node_dir, maps=False)
-    _refuse_unsafe_state(t, facts)
-    live = F.choose_live(facts, t.name)
+def _deploy(t: Transport, session: _Session, facts: F.NodeFacts, live: F.LibFile | None,
+            req: SwapRequest) -> SwapResult:
+    cand, node_dir, hooks = req.candidate, req.node_dir, req.hooks
+    if cand is None:
+        raise UsageError(f"{t.name}: a {req.action} needs a candidate library")
     live_path = live.path if live else f"{node_dir}/{F.LIB}"
-    preflight(facts, cand, t.name, live, install=install)
+    preflight(facts, cand, t.name, live, install=req.install)
     upload = f"{UPLOAD_DIR}/.vgpu-patch-upload-{cand.sha256[:12]}-{secrets.token_hex(6)}"  # SFTP only
     after_upload = hooks.after_upload if hooks else None
-    receive = ""
-    if session.streamed:
-        receive = S.receive(cand.size) + ("\n" + S.PAUSE if after_upload else "")
     plan = list(plan_swap(
-        facts, live, live_path, cand.sha256, source=cand.path.name, upload=True, receive=receive,
-        prepare=S.prepare(real_dir=t.path(node_dir), live_real=t.path(live_path), want=cand.sha256,
-                          upload_real=None if session.streamed else t.path(upload), source_real=None,
-                          upload_dir=t.path(UPLOAD_DIR), after_probe=session.streamed),
-        manifest_printf=_manifest_printf(live_path, operator, tool),
-        history_printf=_history_printf(action, live_path, cand.sha256, operator, tool),
-        in_lock=hooks.in_lock if hooks else "", stale=stale,
+        facts, live, live_path, cand.sha256, req, source=cand.path.name,
+        receive=cand.size if session.streamed else None,
+        params=_params(t, req, live_path, cand.sha256, up=None if session.streamed else t.path(upload), src=None,
+                       updir=t.path(UPLOAD_DIR)),
     ))
-    result = SwapResult(t.name, action, False, live_path, live.sha256 if live else None, cand.sha256, plan=plan)
+    result = SwapResult(t.name, req.action, False, live_path, live.sha256 if live else None, cand.sha256, plan=plan)
     if plan[0].kind == "noop":
         return result
-    if check:
+    if req.check:
         from .compat import check_against_live
 
         result.plan.insert(0, Step("verify", check_against_live(t, cand, live)))
-    if dry_run:
+    if req.dry_run:
         result.pending = True
         return result
-    _checkpoint(t, should_stop)
+    _checkpoint(t, req.should_stop)
     if not session.streamed:
         try:
             t.put(cand.path, upload)
             if after_upload:
                 after_upload(t.path(upload))
-            _checkpoint(t, should_stop)
+            _checkpoint(t, req.should_stop)
         except BaseException:
             _remove_upload(t, upload, redial=True)  # a partial or unused upload: nothing else will remove it
             raise
     hook = after_upload if session.streamed else None
     try:
-        res = session.run_script(S.script([st.sh for st in plan]), cand.path if session.streamed else None, hook)
+        res = session.run_script(S.script([st.sh for st in plan], with_program=not session.streamed),
+                                 cand.path if session.streamed else None, hook)
     except BaseException:
         # the script removes its temp files itself, and may still be running orphaned (it finishes a swap
         # it started, or fails the sha256 check of an upload cut short): only an SFTP upload over an
@@ -361,43 +410,32 @@ def rollback(
     should_stop: Callable[[], bool] | None = None,
     stale: bool = False,
 ) -> SwapResult:
-    """Restore a recorded backup the same atomic way, verified by sha256 and byte for byte (`stale`: as
-    for deploy_file)."""
-    node_dir = target_dir.rstrip("/") or "/"
-    session = _Session(t, F.probe_script(t.path(node_dir), history=F.ALL_HISTORY, maps=False))
-    try:
-        return _rollback(t, session, node_dir, to_sha256=to_sha256, operator=operator, tool=tool, dry_run=dry_run,
-                         hooks=hooks, should_stop=should_stop, stale=stale)
-    finally:
-        session.end()
+    """Restore a recorded backup the same atomic way, verified by sha256 and byte for byte: `swap()` with a
+    rollback request."""
+    return swap(t, SwapRequest(operator, "rollback", None, to_sha256, target_dir, tool, stale=stale, dry_run=dry_run,
+                               hooks=hooks, should_stop=should_stop))
 
 
-def _rollback(t: Transport, session: _Session, node_dir: str, *, to_sha256: str | None, operator: str, tool: str,
-              dry_run: bool, hooks: SwapHooks | None, should_stop: Callable[[], bool] | None,
-              stale: bool) -> SwapResult:
-    facts = F.from_probe(t, session.probe_out, node_dir, maps=False)
-    _refuse_unsafe_state(t, facts)
-    live = F.choose_live(facts, t.name)
-    backup = choose_backup(facts, live, to_sha256, t.name)
+def _rollback(t: Transport, session: _Session, facts: F.NodeFacts, live: F.LibFile | None,
+              req: SwapRequest) -> SwapResult:
+    node_dir = req.node_dir
+    backup = choose_backup(facts, live, req.to_sha256, t.name)
     want = str(backup["sha256"])
     live_path = live.path if live else str(backup.get("path") or f"{node_dir}/{F.LIB}")
     if not live_path.startswith(node_dir + "/"):
         live_path = f"{node_dir}/{F.LIB}"
     src_node = f"{node_dir}/{F.STATE}/backups/{want}.so"
     plan = list(plan_swap(
-        facts, live, live_path, want, source=src_node, upload=False,
-        prepare=S.prepare(real_dir=t.path(node_dir), live_real=t.path(live_path), want=want, upload_real=None,
-                          source_real=t.path(src_node), upload_dir=None, after_probe=session.streamed),
-        manifest_printf=_manifest_printf(live_path, operator, tool),
-        history_printf=_history_printf("rollback", live_path, want, operator, tool),
-        byte_compare=True, in_lock=hooks.in_lock if hooks else "", stale=stale,
+        facts, live, live_path, want, req, source=src_node,
+        params=_params(t, req, live_path, want, up=None, src=t.path(src_node), updir=None),
     ))
     result = SwapResult(t.name, "rollback", False, live_path, live.sha256 if live else None, want, plan=plan)
-    if plan[0].kind == "noop" or dry_run:
+    if plan[0].kind == "noop" or req.dry_run:
         result.pending = plan[0].kind != "noop"
         return result
-    _checkpoint(t, should_stop)
-    state, mapped, bk, ino, replaced = _parse_swap(t, session.run_script(S.script([st.sh for st in plan])), node_dir)
+    _checkpoint(t, req.should_stop)
+    sent = S.script([st.sh for st in plan], with_program=not session.streamed)
+    state, mapped, bk, ino, replaced = _parse_swap(t, session.run_script(sent), node_dir)
     if state == "noop":
         return result
     result.changed, result.backup = True, _node_path(t, bk, node_dir)
@@ -415,6 +453,13 @@ def node_status(t: Transport, target_dir: str = DEFAULT_DIR, *, history: int = 5
         live = F.choose_live(facts, t.name)
     except DeployError as e:  # an ambiguous directory: report it with the rest
         live, problem = None, str(e)
+    by_plugin = F.delivered_by_plugin(facts, live)
+    last = None if by_plugin else F.replaced_outside(facts.history, live)
+    if last is not None and live is not None:
+        build = f"ours {live.ours_version}" if live.ours_version else "not ours"
+        problem = problem or (
+            f"{F.COPY_BACK}: {live.name} is {live.sha256[:12]} ({build}), but the last recorded change ({last.get('action')} by {last.get('tool')}, {last.get('time')}) set "
+            f"{str(last['to_sha256'])[:12]}; {F.COPY_BACK_HINT}")
     return NodeStatus(
         node=t.name,
         target_dir=node_dir,
@@ -430,7 +475,12 @@ def node_status(t: Transport, target_dir: str = DEFAULT_DIR, *, history: int = 5
         glibc=".".join(map(str, facts.glibc)) if facts.glibc else None,
         problem=facts.state_problem or problem or (None if live else f"no {F.LIB} in {node_dir}"),
         warnings=facts.warnings,
+        live_why=facts.live_why if live else "",
+        replaced_outside=last is not None,
+        delivered_by_plugin=by_plugin,
+        other_files=F.other_files(facts),
     )
 
 
-__all__ = ["Candidate", "NodeStatus", "SwapHooks", "SwapResult", "deploy_file", "node_status", "rollback"]
+__all__ = ["Candidate", "NodeStatus", "SwapHooks", "SwapRequest", "SwapResult", "deploy_file", "node_status",
+           "rollback", "swap"]

@@ -1,0 +1,1 @@
+../../../../vgpu_patch/data/node.sh

@@ -1,0 +1,1 @@
+../../../../vgpu_patch/deploy/rollback_pick.py
