@@ -15,9 +15,10 @@
  *    launch was made and when it was harvested (half each, at most MAX_K), a measured launch of
  *    some kernel (function and launch shape) or graph is charged
  *        E                       alone (exact, as before);
- *        max(E / k, min(E, A))   when E / k >= STRETCH_NS (long: stretched), A being its E when
- *                                last measured alone (0 if never): a neighbour's mark that outlived
- *                                its work does not make an unstretched launch cheap;
+ *        E / k                   when E / k >= STRETCH_NS (long: stretched), or, once it has been
+ *        max(min(E, A), E/(k+1)) measured alone (A: its E then), its own time A: the GPU's switching
+ *                                between contexts is charged to nobody, and a neighbour's mark that
+ *                                outlived its work does not make an unstretched launch cheap;
  *        max(E / k, min(E, L))   otherwise, L being its least E seen: a short launch beside busy
  *                                neighbours, which take turns with it, is charged E.
  *    It is never below E / k, whatever the board says.
@@ -336,10 +337,16 @@ static long long own_share(struct dev_state *st, const struct pair *p, long long
     }
     twice_k = 2 + (p->others < MAX_K - 1 ? p->others : MAX_K - 1) + (others < MAX_K - 1 ? others : MAX_K - 1);
     share = e * 2 / twice_k;
-    if (share >= STRETCH_NS) /* long enough to span time slices: stretched by every busy context */
-        floor = alone < 0 ? 0 : e < alone ? e : alone;
-    else /* short: takes turns with the others; E is its own unless it is an outlier */
-        floor = e < least ? e : least;
+    if (share >= STRETCH_NS) { /* long enough to span time slices: stretched by every busy context */
+        if (alone < 0)
+            return share;
+        /* its time alone is its own time (the GPU's switching between contexts is nobody's), but never
+         * less than a share among one more context than the board counts */
+        floor = e < alone ? e : alone;
+        share = e * 2 / (twice_k + 2);
+        return floor > share ? floor : share;
+    }
+    floor = e < least ? e : least; /* short: takes turns with the others; E is its own */
     return share > floor ? share : floor;
 }
 
