@@ -16,7 +16,7 @@
  *    some kernel (function and launch shape) or graph is charged
  *        E                       alone (exact, as before);
  *        E / k                   when E / k >= STRETCH_NS (long: stretched), or, once it has been
- *        max(min(E, A), E/(k+1)) measured alone (A: its E then), its own time A: the GPU's switching
+ *        max(min(E, A), E/(k+1)) measured alone (A: its least E then), its own time A: the GPU's switching
  *                                between contexts is charged to nobody, and a neighbour's mark that
  *                                outlived its work does not make an unstretched launch cheap;
  *        max(E / k, min(E, L))   otherwise, L being its least E seen: a short launch beside busy
@@ -110,7 +110,7 @@ struct dev_state {
     struct {
         uint64_t sig;
         long long least; /* the least E seen */
-        long long alone; /* E when last measured alone, -1 never */
+        long long alone; /* the least E measured alone, -1 never */
     } solo[SOLO]; /* per launch shape (mu) */
 };
 
@@ -331,8 +331,9 @@ static long long own_share(struct dev_state *st, const struct pair *p, long long
     }
     if (least < 0 || e < least)
         st->solo[i].least = least = e;
-    if (!p->others && !others) {
-        st->solo[i].alone = e; /* alone the whole time: E is the truth */
+    if (!p->others && !others) { /* alone the whole time: E is the truth */
+        if (alone < 0 || e < alone) /* the least: a neighbour that joined unseen only ever adds */
+            st->solo[i].alone = e;
         return e;
     }
     twice_k = 2 + (p->others < MAX_K - 1 ? p->others : MAX_K - 1) + (others < MAX_K - 1 ? others : MAX_K - 1);
