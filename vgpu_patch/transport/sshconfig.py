@@ -146,7 +146,8 @@ def _paramiko_resolve(
     import paramiko
 
     given = _command_line(extra_args)  # the inventory's ssh args: they win over the file, as in ssh
-    config = config or (given.pop("-f", None) or [None])[0]
+    files = given.pop("-f", [])
+    config = config or (files[0] if files else None)
     path = Path(os.path.expanduser(config or "~/.ssh/config"))
     found: dict = {}
     if path.exists():
