@@ -229,6 +229,31 @@ def test_any_exception_in_a_check_is_one_line_and_retried_with_backoff(image: Im
     assert err.count("unexpected OSError") == 1, err  # the same failure is logged once, counted every time
 
 
+def test_a_broken_watch_falls_back_to_polling_and_still_repairs(image: Image, host: Host, vendor: Path,
+                                                                 tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                 capfd: pytest.CaptureFixture[str]) -> None:
+    from vgpu_patch.agent.watcher import InotifyWatcher
+
+    def broken(self: InotifyWatcher, timeout: float) -> bool:
+        raise OSError(errno.EBADF, "Bad file descriptor")
+
+    monkeypatch.setattr(InotifyWatcher, "wait", broken)
+    agent = Agent(AgentConfig(library=image.library, host_root=host.root, interval=0.2, watch="inotify",
+                              status_file=tmp_path / "agent.json", proc=None, settle=0.05))
+    thread = threading.Thread(target=agent.run, daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: agent.snapshot().ready and agent.snapshot().watch == "poll")
+        hami_copy_back(vendor, host.live)
+        wait_for(lambda: sha(host.live) == image.sha256 and agent.snapshot().reapplies == 1)
+        assert thread.is_alive()
+    finally:
+        agent.stop()
+        thread.join(TIMEOUT)
+    assert not thread.is_alive()
+    assert capfd.readouterr().err.count("polling instead") == 1
+
+
 def test_once_turns_an_unexpected_exception_into_one_error(image: Image, host: Host,
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     def broken(self: Agent, *, startup: bool) -> str:

@@ -100,7 +100,7 @@ class Agent:
                     if relevant(e.name) and not e.is_dir(follow_symlinks=False)
                     for st in [e.stat(follow_symlinks=False)]
                 )
-        except FileNotFoundError:
+        except OSError:  # missing or unreadable for now: the check itself says why
             return None
         return tuple(entries)
 
@@ -318,11 +318,11 @@ class Agent:
                     # in-place rewrite within one timestamp tick. An event first waits for the writer to finish.
                     if woke or self.signature() != self._good_sig:
                         self._settled()
-                except Exception as e:  # the watch itself failed (EMFILE, EIO): check anyway, after a pause
-                    msg = f"watching {self.host_dir}: unexpected {type(e).__name__}: {e}"
-                    if msg != self._guard_logged:
-                        log(f"{msg}; checking after a pause")
-                        self._guard_logged = msg
+                except Exception as e:  # the watch itself failed (EMFILE, EIO): poll from now on, check anyway
+                    log(f"watching {self.host_dir}: unexpected {type(e).__name__}: {e}; polling instead")
+                    self._watcher.close()
+                    self._watcher = PollWatcher(self.host_dir)
+                    self.status.watch = self._watcher.kind
                     self._stop.wait(self.next_wait(failures + 1))
                 self.step(startup=startup)
                 startup = startup and self.status.state == "error"
