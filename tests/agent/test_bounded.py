@@ -318,8 +318,10 @@ def usage(pid: int) -> tuple[int, int]:
     return fds, threads
 
 
-def survives(proc: subprocess.Popen, port: int, host: Host, image: Image, vendor: Path, held: list) -> None:
-    """With the hostile connections still open: probes answer, metrics render, a copy-back is repaired."""
+def survives(proc: subprocess.Popen, port: int, host: Host, image: Image, vendor: Path, held: list,
+             baseline: int) -> None:
+    """With the hostile connections still open: probes answer, metrics render, a copy-back is repaired;
+    once they close, the agent is back to the descriptors it held before the flood."""
     assert proc.poll() is None
     assert get(port, "/healthz") == (200, "ready\n")
     assert "\nvgpu_patch_agent_ready 1\n" in get(port, "/metrics")[1]
@@ -329,13 +331,14 @@ def survives(proc: subprocess.Popen, port: int, host: Host, image: Image, vendor
     assert get(port, "/livez") == (200, "alive\n")
     for s in held:
         s.close()
+    wait_for(lambda: usage(proc.pid)[0] <= baseline, 15)  # the server's side is closed too (EOF or deadline)
     assert proc.poll() is None
 
 
 def test_5000_idle_connections_leave_the_agent_healthy_and_bounded(image: Image, host: Host, vendor: Path,
                                                                     tmp_path: Path) -> None:
     with nofile(6000), real_agent(image, host, tmp_path) as (proc, port):
-        peak = [0, 0]
+        baseline, peak = usage(proc.pid)[0], [0, 0]
 
         def sample() -> None:
             fds, threads = usage(proc.pid)
@@ -346,7 +349,7 @@ def test_5000_idle_connections_leave_the_agent_healthy_and_bounded(image: Image,
             sample()
             assert peak[0] <= 64 + 40, f"the agent held {peak[0]} descriptors"  # the cap plus its own files
             assert peak[1] <= 4, f"the agent ran {peak[1]} threads"  # no thread per client: a pids limit holds
-            survives(proc, port, host, image, vendor, held)
+            survives(proc, port, host, image, vendor, held, baseline)
         finally:
             for s in held:
                 s.close()
@@ -355,10 +358,11 @@ def test_5000_idle_connections_leave_the_agent_healthy_and_bounded(image: Image,
 def test_with_64_descriptors_the_agent_still_answers_and_repairs(image: Image, host: Host, vendor: Path,
                                                                   tmp_path: Path) -> None:
     with real_agent(image, host, tmp_path, nofile_limit=64) as (proc, port):
+        baseline = usage(proc.pid)[0]
         held = flood(port, 1000)
         try:
             assert usage(proc.pid)[0] <= 64
-            survives(proc, port, host, image, vendor, held)
+            survives(proc, port, host, image, vendor, held, baseline)
         finally:
             for s in held:
                 s.close()

@@ -175,7 +175,10 @@ class BoundedServer:
         c = self._conns[fd]
         code, ctype, body = res
         data = body.encode()
-        phrase = HTTPStatus(code).phrase if code in HTTPStatus._value2member_map_ else ""
+        try:
+            phrase = HTTPStatus(code).phrase
+        except ValueError:
+            phrase = ""
         head = (f"HTTP/1.1 {code} {phrase}\r\nContent-Type: {ctype}\r\nContent-Length: {len(data)}\r\n"
                 "Connection: close\r\n\r\n").encode()
         c.out = memoryview(head + (data if with_body else b""))
