@@ -357,14 +357,14 @@ def render(opts: DaemonSetOptions) -> dict[str, Any]:
 
 
 def render_rbac(opts: DaemonSetOptions) -> list[dict[str, Any]]:
-    """ServiceAccount, ClusterRole (nodes get/patch, pods list, events create) and its binding; empty without --rbac."""
+    """ServiceAccount, ClusterRole (nodes patch, pods list, events create) and its binding; empty without --rbac."""
     if not opts.rbac:
         return []
     meta = {"name": opts.name, "labels": labels()}
     return [
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {**meta, "namespace": opts.namespace}},
         {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": dict(meta),
-         "rules": [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]},
+         "rules": [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["patch"]},
                    {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
                    {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}]},
         {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": dict(meta),

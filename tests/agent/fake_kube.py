@@ -3,11 +3,15 @@
 It serves the few calls vgpu-patch makes: nodes (get, list, merge-patch of annotations), pods (list by
 fieldSelector spec.nodeName, get) and the policy/v1 Eviction subresource, which answers 429 for pods listed
 in `pdb_blocked` the way the API server does while a PodDisruptionBudget allows no disruption.
+Faults: `fail[(method, path)]` is a list of status codes answered (one per request) before the real answer;
+`slow[(method, path)]` delays the answer of a request that was applied (a client timing out on it).
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
+import time
 import urllib.parse
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -31,6 +35,8 @@ class FakeKube:
     token: str | None = None  # when set, requests must carry it
     requests: list[Request] = field(default_factory=list)
     events: list[dict] = field(default_factory=list)
+    fail: dict[tuple[str, str], list[int]] = field(default_factory=dict)
+    slow: dict[tuple[str, str], float] = field(default_factory=dict)
     url: str = ""
 
     def add_node(self, name: str, annotations: dict[str, str] | None = None) -> None:
@@ -103,16 +109,22 @@ class FakeKube:
                 n = int(self.headers.get("Content-Length") or 0)
                 body = json.loads(self.rfile.read(n)) if n else None
                 kube.requests.append(Request(self.command, u.path, query, body, dict(self.headers)))
+                faults = kube.fail.get((self.command, u.path))
                 if kube.token and self.headers.get("Authorization") != f"Bearer {kube.token}":
                     code, doc = 401, _status(401, "Unauthorized", "Unauthorized")
+                elif faults:
+                    code = faults.pop(0)
+                    doc = _status(code, "Injected", f"injected HTTP {code}")
                 else:
                     code, doc = kube.handle(self.command, u.path, query, body or {})
+                    time.sleep(kube.slow.get((self.command, u.path), 0.0))
                 data = json.dumps(doc).encode()
                 self.send_response(code)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
-                self.wfile.write(data)
+                with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # a client that timed out
+                    self.wfile.write(data)
 
             do_GET = do_POST = do_PATCH = _do
 

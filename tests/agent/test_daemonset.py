@@ -191,7 +191,7 @@ def test_tolerations_pull_secrets_selinux_and_rbac() -> None:
         validate(d)
     sa, role, binding, ds = docs
     assert sa["metadata"]["namespace"] == "gpu-ops" and "namespace" not in role["metadata"]
-    assert role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]},
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["patch"]},
                              {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
                              {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}]
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "vgpu-patch-agent", "namespace": "gpu-ops"}]

@@ -41,6 +41,8 @@ def _make(kind: str, built: dict[str, Path], tmp: Path, request: pytest.FixtureR
         path.write_bytes(bytes(data))
     elif kind == "device":
         path = Path("/dev/null")
+    elif kind == "proc-file":
+        path = Path("/proc/self/maps")
     elif kind == "riscv":
         import elfcheck_fixtures as libs
 
@@ -67,6 +69,7 @@ CASES = {
     "wrong-arch": "aarch64",
     "corrupt-sections": "truncated",
     "device": "not a regular file",
+    "proc-file": "cannot be read to its end",
     "no-section-headers": "no section headers",
     "riscv": "RISC-V",
 }

@@ -17,11 +17,11 @@ import threading
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from ..deploy import facts as F
 from ..deploy.swap import SwapRequest, SwapResult, rollback, swap
-from ..errors import IntegrityError, VgpuPatchError
+from ..errors import DeployError, IntegrityError, VgpuPatchError
 from ..transport.local import LocalTransport
 from .image import ImageLibrary, expected_sha256, verify_image
 from .policy import decide
@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from ..k8s.report import NodeReporter
 
 TOOL = "agent"
+RETRY_FIRST = 0.5  # seconds before the first retry of a failed check; doubled up to the interval
 
 
 def log(msg: str) -> None:
@@ -90,6 +91,7 @@ class Agent:
         self._published: AgentStatus = copy.deepcopy(self.status)
         self._partial_logged: str | None = None
         self._stale_pods: list = []  # StalePod of the last scan
+        self._guard_logged: str | None = None
 
     # -- one pass ---------------------------------------------------------------------------------
     def signature(self) -> tuple | None:
@@ -102,7 +104,7 @@ class Agent:
                     if relevant(e.name) and not e.is_dir(follow_symlinks=False)
                     for st in [e.stat(follow_symlinks=False)]
                 )
-        except FileNotFoundError:
+        except OSError:  # missing or unreadable for now: the check itself says why
             return None
         return tuple(entries)
 
@@ -183,23 +185,35 @@ class Agent:
         try:
             did = self.ensure(startup=startup)
             self.status.last_error = None
-        except VgpuPatchError as e:
+        except Exception as e:  # any failure, ours or not (EMFILE, a bug): recorded, and the loop goes on
+            msg = str(e) if isinstance(e, VgpuPatchError) else f"unexpected {type(e).__name__}: {e}"
             self.status.errors += 1
-            if str(e) != self.status.last_error:  # a lasting problem is logged once, counted every time
-                log(f"error: {e}; not ready until it is fixed")
-            self.status.state, self.status.last_error = "error", str(e)
+            if msg != self.status.last_error:  # a lasting problem is logged once, counted every time
+                log(f"error: {msg}; not ready until it is fixed")
+            self.status.state, self.status.last_error = "error", msg
             if raise_errors:
                 self.publish()
-                raise
+                if isinstance(e, VgpuPatchError):
+                    raise
+                raise DeployError(f"{self.t.name}: {msg}") from e
             did = "error"
         except BaseException:
             self.publish()
             raise
-        self.scan_stale()
+        self._guarded(self.scan_stale)  # optional views: their failure never stops the agent either
         self.report()
         self.announce(before)
         self.publish()
         return did
+
+    def _guarded(self, fn: Callable[[], None]) -> None:
+        try:
+            fn()
+        except Exception as e:
+            msg = f"{fn.__name__}: unexpected {type(e).__name__}: {e}"
+            if msg != self._guard_logged:
+                log(f"{msg}; retrying on the next check")
+                self._guard_logged = msg
 
     def announce(self, before: tuple[str, str | None]) -> None:
         """An Event on the Node when the agent starts refusing (error) or yields: loud where operators look."""
@@ -307,19 +321,33 @@ class Agent:
             self.publish()  # "starting": not ready, but alive
             self.step(startup=True)
             startup = self.status.state == "error"  # keep trying the install until it has succeeded once
+            failures = int(self.status.state == "error")
             while not self._stop.is_set():
-                woke = self._watcher.wait(min(self.cfg.interval, self.cfg.stuck_seconds / 3))
-                if self._stop.is_set():
-                    break
-                # Every wake-up hashes the live file (a few ms): inode, size and mtime alone can miss an
-                # in-place rewrite within one timestamp tick. An event first waits for the writer to finish.
-                if woke or self.signature() != self._good_sig:
-                    self._settled()
+                try:
+                    woke = self._watcher.wait(self.next_wait(failures))
+                    if self._stop.is_set():
+                        break
+                    # Every wake-up hashes the live file (a few ms): inode, size and mtime alone can miss an
+                    # in-place rewrite within one timestamp tick. An event first waits for the writer to finish.
+                    if woke or self.signature() != self._good_sig:
+                        self._settled()
+                except Exception as e:  # the watch itself failed (EMFILE, EIO): poll from now on, check anyway
+                    log(f"watching {self.host_dir}: unexpected {type(e).__name__}: {e}; polling instead")
+                    self._watcher.close()
+                    self._watcher = PollWatcher(self.host_dir)
+                    self.status.watch = self._watcher.kind
+                    self._stop.wait(self.next_wait(failures + 1))
                 self.step(startup=startup)
                 startup = startup and self.status.state == "error"
+                failures = failures + 1 if self.status.state == "error" else 0
         finally:
             self._watcher.close()
         return self.status
+
+    def next_wait(self, failures: int) -> float:
+        """Seconds until the next check: the interval, or after failures a backoff of 0.5, 1, 2 ... s up to it."""
+        wait = min(self.cfg.interval, self.cfg.stuck_seconds / 3)
+        return min(wait, RETRY_FIRST * 2 ** (failures - 1)) if failures else wait
 
     def stop(self) -> None:
         self._stop.set()

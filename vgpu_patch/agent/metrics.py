@@ -1,4 +1,4 @@
-"""Prometheus text metrics and health endpoints for the agent, served by the standard library's http.server.
+"""Prometheus text metrics and health endpoints for the agent, served by the bounded server of httpd.py.
 
 Every endpoint answers from the same published snapshot (`Agent.snapshot()`), so /readyz, /healthz, the
 `vgpu_patch_agent_ready` metric and the status file always say the same thing:
@@ -9,11 +9,10 @@ Every endpoint answers from the same published snapshot (`Agent.snapshot()`), so
 """
 from __future__ import annotations
 
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable
 
+from .httpd import BoundedServer
 from .status import AgentStatus
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -93,30 +92,20 @@ def health(s: AgentStatus, path: str, stuck_after: float, now: float | None = No
     return None
 
 
-def serve(snapshot: Callable[[], AgentStatus], port: int, addr: str = "0.0.0.0", *,
-          stuck_after: float = 120.0) -> ThreadingHTTPServer:
-    """Serve /metrics, /readyz, /healthz and /livez from a daemon thread; returns the server (port 0 = any)."""
+def answer(snapshot: Callable[[], AgentStatus], path: str, stuck_after: float) -> tuple[int, str, str]:
+    """(HTTP code, content type, body) for one GET of `path`."""
+    s, now = snapshot(), time.time()
+    if path == "/metrics":
+        return 200, CONTENT_TYPE, render(s, now)
+    code, body = health(s, path, stuck_after, now) or (404, "not found: try /metrics, /readyz or /livez\n")
+    return code, "text/plain; charset=utf-8", body
 
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            s, now = snapshot(), time.time()
-            path = self.path.split("?", 1)[0]
-            ctype = "text/plain; charset=utf-8"
-            if path == "/metrics":
-                code, body, ctype = 200, render(s, now), CONTENT_TYPE
-            else:
-                code, body = health(s, path, stuck_after, now) or (404, "not found: try /metrics, /readyz or /livez\n")
-            data = body.encode()
-            self.send_response(code)
-            self.send_header("Content-Type", ctype)
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
 
-        def log_message(self, format: str, *args: object) -> None:  # probes and scrapes every few seconds: stay quiet
-            pass
+def serve(snapshot: Callable[[], AgentStatus], port: int, addr: str = "127.0.0.1", *, stuck_after: float = 120.0,
+          max_conns: int = 64, header_timeout: float = 5.0) -> BoundedServer:
+    """Serve /metrics, /readyz, /healthz and /livez from one daemon thread (httpd.py bounds every client).
 
-    server = ThreadingHTTPServer((addr, port), Handler)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, name="vgpu-agent-metrics", daemon=True).start()
-    return server
+    Returns the running server (port 0 = any free port); `shutdown()` stops it.
+    """
+    return BoundedServer(addr, port, lambda path: answer(snapshot, path, stuck_after), max_conns=max_conns,
+                         header_timeout=header_timeout, name="vgpu-agent-metrics").start()

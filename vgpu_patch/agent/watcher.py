@@ -83,6 +83,9 @@ class InotifyWatcher(PollWatcher):
         self.fd = fd
         self._wake_r, self._wake_w = os.pipe()
         self._watching = False
+        self._poll = select.poll()  # never select(): the descriptors may be numbered above 1024
+        for f in (fd, self._wake_r):
+            self._poll.register(f, select.POLLIN)
         self._watch()
 
     def _watch(self) -> None:
@@ -95,7 +98,7 @@ class InotifyWatcher(PollWatcher):
         if not self._watching:
             self._watch()
         try:
-            ready, _, _ = select.select([self.fd, self._wake_r], [], [], timeout)
+            ready = [fd for fd, _ in self._poll.poll(max(0.0, timeout) * 1000)]
         except InterruptedError:
             return False
         if self._wake_r in ready:

@@ -1,6 +1,7 @@
 """`vgpu-patch agent`: the DaemonSet's node agent (install, watch, repair; probe; rollback)."""
 from __future__ import annotations
 
+import os
 import signal
 import sys
 from pathlib import Path
@@ -54,7 +55,9 @@ Exit codes: 0 ok (probe: ready); 1 failed, refused image content, or probe: not 
 @click.option("--metrics-port", type=click.IntRange(min=0, max=65535), default=None,
               help="Serve /metrics (Prometheus), /readyz and /healthz (200 only while ready) and /livez (the "
                    "watch loop's heartbeat) on this port; off by default.")
-@click.option("--metrics-addr", default="0.0.0.0", show_default=True, help="Address for --metrics-port.")
+@click.option("--metrics-addr", default=None,
+              help="Address for --metrics-port [default: $POD_IP when set; else all addresses inside a Kubernetes "
+                   "pod (its own network namespace: the pod IP and loopback); else 127.0.0.1].")
 @click.option("--operator", default="", help="Recorded in history.jsonl [default: agent@$NODE_NAME].")
 @click.option("--proc-root", type=click.Path(file_okay=False, path_type=Path), default=Path("/proc"), show_default=True,
               help="The host's /proc (the pod needs hostPID): processes still on an old library and their pods.")
@@ -75,7 +78,7 @@ Exit codes: 0 ok (probe: ready); 1 failed, refused image content, or probe: not 
 @json_option
 def cli(library: Path, sha256: str | None, manifest: Path | None, host_root: Path, target_dir: str, interval: float,
         watch: str, once: bool, probe: bool, do_rollback: bool, to_sha256: str | None, status_file: Path,
-        metrics_port: int | None, metrics_addr: str, operator: str, proc_root: Path, no_stale_scan: bool,
+        metrics_port: int | None, metrics_addr: str | None, operator: str, proc_root: Path, no_stale_scan: bool,
         ready_file: Path | None, stuck_after: float | None, report: str, node_name: str | None, api_server: str | None,
         token_file: Path | None, as_json: bool) -> None:
     """Install the image's libvgpu.so into the host's library directory and keep it there.
@@ -124,8 +127,9 @@ def cli(library: Path, sha256: str | None, manifest: Path | None, host_root: Pat
     if metrics_port is not None:
         from ..agent.metrics import serve
 
-        server = serve(agent.snapshot, metrics_port, metrics_addr, stuck_after=cfg.stuck_seconds)
-        log(f"metrics on http://{metrics_addr}:{server.server_address[1]}/metrics")
+        addr = metrics_addr or default_metrics_addr()
+        server = serve(agent.snapshot, metrics_port, addr, stuck_after=cfg.stuck_seconds)
+        log(f"metrics on http://{addr}:{server.server_address[1]}/metrics (at most {server.max_conns} clients)")
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: agent.stop())
     try:
@@ -136,6 +140,14 @@ def cli(library: Path, sha256: str | None, manifest: Path | None, host_root: Pat
     if as_json:
         emit_json(status.to_dict())
 
+
+
+def default_metrics_addr() -> str:
+    """Where --metrics-port listens unless told: the pod IP, a pod's own namespace, or only this machine."""
+    if os.environ.get("POD_IP"):
+        return os.environ["POD_IP"]
+    # kubelet sets KUBERNETES_SERVICE_HOST in every pod; without hostNetwork, all addresses = pod IP + loopback
+    return "0.0.0.0" if os.environ.get("KUBERNETES_SERVICE_HOST") else "127.0.0.1"
 
 
 def _reporter(mode: str, node: str | None, server: str | None, token_file: Path | None) -> NodeReporter | None:

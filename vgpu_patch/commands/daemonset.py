@@ -59,7 +59,7 @@ Exit codes: 0 written; 2 usage error (bad label, name, path, image reference or 
 @click.option("--host-pid/--no-host-pid", default=True, show_default=True,
               help="Share the host's PID namespace (with CAP_SYS_PTRACE) to name the pods still on an old library.")
 @click.option("--rbac/--no-rbac", default=False, show_default=True,
-              help="Add a ServiceAccount and a ClusterRole (nodes get/patch, pods list, events create) so the agent "
+              help="Add a ServiceAccount and a ClusterRole (nodes patch, pods list, events create) so the agent "
                    "annotates its node for `vgpu-patch restart-plan` and posts an Event when it refuses.")
 @click.option("--write-chart", type=click.Path(file_okay=False, path_type=Path), default=None, metavar="DIR",
               help="Write the Helm chart's generated files (Chart.yaml, values.yaml, values.schema.json) into DIR "

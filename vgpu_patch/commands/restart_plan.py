@@ -18,7 +18,8 @@ Examples:
 
 \b
 Exit codes: 0 listed (--json "counts" says how many pods are left), or every eviction admitted; 1 API
-failure, or every eviction refused; 2 usage error; 3 some evictions blocked by a PodDisruptionBudget or failed.
+failure, or every eviction refused; 2 usage error; 3 some evictions blocked by a PodDisruptionBudget or failed,
+or some pods unknown (the API kept failing). Pods the report names on another node are `refused`, never evicted.
 """
 
 
@@ -71,7 +72,7 @@ def _exit_code(plan, do_evict: bool) -> int:
     states = [e.state for e in plan.entries]
     if not do_evict:
         return EXIT_OK
-    bad = sum(s in ("blocked", "failed") for s in states)
+    bad = sum(s in ("blocked", "failed", "unknown") for s in states)
     good = sum(s in ("evicted", "would-evict") for s in states)
     if not bad:
         return EXIT_OK

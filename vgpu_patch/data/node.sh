@@ -43,6 +43,7 @@ WANTJ=null                                 # the wanted sha256 (JSON), set by be
 UNSAFE=""                                  # probe: the state dir is not to be read through
 NL='
 '
+TAB='	'
 # Scratch names, each used inside one function only: bad m out rc PRE keep sums code n f h p v o j, and the
 # choose_live helpers' _-prefixed ones.
 
@@ -228,6 +229,8 @@ probe() {
   section files
   for f in "$D/$LIB" "$D/$LIB".*; do
     n=${f##*/}
+    # a tab or newline in a name would forge columns or lines: say which name, no more (parse_files warns)
+    case $n in *"$TAB"*|*"$NL"*) printf 'X\t%s\n' "$(printf %s "$n" | tr '\t\n' '  ')"; continue;; esac
     if [ -L "$f" ]; then printf 'L\t%s\t%s\n' "$n" "$(readlink "$f")"; continue; fi
     [ -f "$f" ] || continue
     hash_of "$f"

@@ -103,21 +103,43 @@ def _split_sections(text: str) -> dict[str, list[str]]:
     return out
 
 
-def parse_files(lines: list[str], node_dir: str) -> list[LibFile]:
+def _plain(name: str) -> bool:
+    """A name HAMi could load: no tab, newline or other control character (ld.so.preload splits on them)."""
+    return name.isprintable()
+
+
+def parse_files(lines: list[str], node_dir: str, warnings: list[str] | None = None) -> list[LibFile]:
+    """The probe's `files` lines. A name with a tab, newline or other control character is no library HAMi
+    loads (ld.so.preload splits on whitespace) and would shift columns: it is skipped with a warning."""
     files = []
     for line in lines:
         kind, _, rest = line.partition("\t")
-        cols = rest.split("\t")
-        if kind == "L" and len(cols) >= 2:
-            files.append(LibFile(cols[0], f"{node_dir}/{cols[0]}", link_to=cols[1]))
-        elif kind == "F" and len(cols) >= 3:
-            size, inode, mode, uid, gid = cols[2].split()
-            ver = cols[3].split(" ", 1)[1] if len(cols) > 3 and " " in cols[3] else None
-            files.append(
-                LibFile(cols[0], f"{node_dir}/{cols[0]}", cols[1], int(size), int(inode), mode, int(uid), int(gid),
-                        None, ver)
-            )
+        if kind not in ("L", "F", "X"):
+            continue
+        f = _lib_file(kind, rest, node_dir)
+        if f is not None:
+            files.append(f)
+        elif warnings is not None:
+            warnings.append(f"ignored {rest.split(chr(9), 1)[0]!r} in {node_dir}: not a plain file name (a tab, "
+                            "newline or control character); rename or remove it")
     return files
+
+
+def _lib_file(kind: str, rest: str, node_dir: str) -> LibFile | None:
+    """One `files` line; None for the probe's X (a name with a tab or newline) or a line that does not parse."""
+    try:
+        if kind == "L":
+            name, target = rest.split("\t")
+            return LibFile(name, f"{node_dir}/{name}", link_to=target) if _plain(name) else None
+        if kind == "F":
+            name, sha, stat, ver = rest.rsplit("\t", 3)  # only the name is free text: split from the right
+            size, inode, mode, uid, gid = stat.split()
+            if _plain(name) and len(sha) == 64:
+                return LibFile(name, f"{node_dir}/{name}", sha, int(size), int(inode), mode, int(uid), int(gid),
+                               None, ver.split(" ", 1)[1] if " " in ver else None)
+    except ValueError:
+        pass
+    return None
 
 
 def parse_maps(lines: list[str]) -> list[MappedLib]:
@@ -165,7 +187,7 @@ def parse(text: str, node_dir: str) -> NodeFacts:
     facts.dir_exists = one("dir") == "yes"
     df = (sec.get("df") or [""])[-1].split()  # df's header, then the filesystem's line
     facts.free_bytes = int(df[3]) * 1024 if len(df) >= 4 and df[3].isdigit() else None
-    facts.files = parse_files(sec.get("files", []), node_dir)
+    facts.files = parse_files(sec.get("files", []), node_dir, facts.warnings)
     pre = sec.get("preload")
     facts.preload = pre[1:] if pre and pre[0] == "present" else None
     for line in sec.get("backups", []):

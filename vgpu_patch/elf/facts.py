@@ -165,9 +165,13 @@ def _open(path: Path, role: str = "candidate") -> BinaryIO:
 
 
 def _preflight(f: BinaryIO, path: Path, role: str) -> int:
-    size = f.seek(0, 2)
-    f.seek(0)
-    ident = f.read(64)
+    try:
+        size = f.seek(0, 2)
+        f.seek(0)
+        ident = f.read(64)
+    except OSError as e:  # /proc/self/maps: a "regular" file that cannot seek to its end
+        raise ElfError(f"{role} {path} cannot be read to its end ({e.strerror}): a /proc or special file, not a "
+                       "library; give the path of a .so file") from None
     if size == 0:
         raise ElfError(f"{role} {path} is empty; rebuild or re-copy it")
     if size > R.MAX_BYTES:  # before any scan or hash: a 20 GiB sparse file is refused at once

@@ -33,10 +33,15 @@ SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 class ApiError(DeployError):
     """A Kubernetes API request failed (network, authentication, RBAC, or the server said no)."""
 
-    def __init__(self, message: str, status: int | None = None, body: dict | None = None) -> None:
+    def __init__(self, message: str, status: int | None = None, body: dict | None = None, *,
+                 transient: bool = False) -> None:
         super().__init__(message)
         self.status = status
         self.body = body or {}
+        self.transient = transient or status in RETRY_STATUS  # worth asking again after a pause
+
+
+RETRY_STATUS = (429, 500, 502, 503, 504)
 
 
 @dataclass
@@ -49,6 +54,8 @@ class Client:
     key_file: str | None = None
     insecure: bool = False
     timeout: float = 10.0
+    read_retries: int = 3  # a GET that fails transiently is asked again after 0.25, 0.5, 1 s
+    retry_base: float = 0.25
 
     def _context(self) -> ssl.SSLContext | None:
         if not self.server.startswith("https:"):
@@ -71,6 +78,19 @@ class Client:
 
     def request(self, method: str, path: str, body: Any = None, *, content_type: str = "application/json",
                 query: dict[str, str] | None = None, ok: tuple[int, ...] = (200, 201)) -> dict:
+        """One API call; a GET (safe to repeat) is retried with backoff on 429, 5xx or no answer."""
+        retries, attempt = (self.read_retries if method == "GET" else 0), 0
+        while True:
+            try:
+                return self._once(method, path, body, content_type, query, ok)
+            except ApiError as e:
+                if attempt >= retries or not e.transient:
+                    raise
+                time.sleep(self.retry_base * 2 ** attempt)
+                attempt += 1
+
+    def _once(self, method: str, path: str, body: Any, content_type: str, query: dict[str, str] | None,
+              ok: tuple[int, ...]) -> dict:
         url = self.server.rstrip("/") + path + ("?" + urllib.parse.urlencode(query) if query else "")
         data = None if body is None else json.dumps(body).encode()
         req = urllib.request.Request(url, data=data, method=method)
@@ -88,7 +108,8 @@ class Client:
             raw, status = e.read(), e.code
         except (urllib.error.URLError, OSError, ssl.SSLError, http.client.HTTPException) as e:
             reason = getattr(e, "reason", e)
-            raise ApiError(f"{method} {path}: cannot reach the API server {self.server}: {reason}") from e
+            raise ApiError(f"{method} {path}: cannot reach the API server {self.server}: {reason}",
+                           transient=True) from e
         try:
             doc = json.loads(raw) if raw else {}
         except ValueError:

@@ -5,8 +5,8 @@ Annotations on the agent's Node (merge-patched, so other annotations are untouch
 - `vgpu-patch/stale`: JSON `{"time", "live_sha256", "live_path", "pods": [{"namespace", "name", "pod_uid",
   "containers", "pids"}], "host_pids": [...], "truncated": N}`; `vgpu-patch restart-plan` reads it.
 Events on the Node (namespace default) say when the agent refuses (state error) or yields to an operator.
-The service account needs `get, patch` on nodes, `list` on pods and `create` on events (the chart's and
-`vgpu-patch daemonset --rbac`'s ClusterRole grant exactly that).
+The service account needs `patch` on nodes, `list` on pods and `create` on events (the chart's and
+`vgpu-patch daemonset --rbac`'s ClusterRole grant exactly that; RBAC cannot narrow them to this node).
 """
 from __future__ import annotations
 

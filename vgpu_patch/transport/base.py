@@ -144,19 +144,29 @@ class Stream:
         self._recv, self._send, self._close_input, self._wait = recv, send, close_input, wait
         self._buf = bytearray()
         self._sudo_seen = not wrapped
+        self.scanned = 0  # bytes read_until searched: stays near the output's size (tests check it)
 
     def read_until(self, marker: str) -> str:
         """What the node prints up to and including the line `marker`; the script ending first is an error."""
         want = ("\n" + marker + "\n").encode()
-        while want not in b"\n" + self._buf:  # the marker's line may be the very first
+        start = 0  # each byte is searched about once, however long the output (a 100,000-line history)
+        while True:
+            if self._buf.startswith(want[1:]):  # the marker's line may be the very first
+                end = len(want) - 1
+                break
+            found = self._buf.find(want, start)
+            self.scanned += len(self._buf) - start
+            if found >= 0:
+                end = found + len(want)
+                break
+            start = max(0, len(self._buf) - len(want) + 1)  # a marker cut between two reads is still found
             data = self._recv(1 << 15)
             if not data:
                 res = self.finish()  # sudo refused (AuthFailure), or the script failed early
                 raise DeployError(f"{self.name}: the node script ended early with exit {res.exited}: "
                                   f"{first_line(res.stderr) or first_line(res.stdout)}")
             self._buf += data
-        i = (b"\n" + self._buf).index(want) + len(want) - 1
-        head, self._buf = bytes(self._buf[:i]), self._buf[i:]
+        head, self._buf = bytes(self._buf[:end]), self._buf[end:]
         return self._unwrap(head.decode(errors="replace"))
 
     def send(self, data: bytes) -> None:

@@ -106,9 +106,11 @@ class LocalTransport(Transport):
                                 stdout=subprocess.PIPE, stderr=err)
         assert proc.stdin is not None and proc.stdout is not None
         stdin, stdout = proc.stdin, proc.stdout
+        poller = select.poll()  # not select(): a busy agent may hold descriptors numbered above 1024
+        poller.register(stdout, select.POLLIN)
 
         def recv(n: int) -> bytes:
-            if not select.select([stdout], [], [], timeout)[0]:
+            if not poller.poll(None if timeout is None else timeout * 1000):
                 proc.kill()
                 raise DeployError(f"{self.name}: the node script did not answer within {timeout}s")
             return os.read(stdout.fileno(), n)

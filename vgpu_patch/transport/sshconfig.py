@@ -5,6 +5,7 @@ installed. Only the options this tool acts on are kept (see SSHOptions).
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from collections.abc import Sequence
@@ -33,6 +34,22 @@ class SSHOptions:
     strict_host_key_checking: str = "ask"  # yes | ask | accept-new | no (as ssh -G prints them)
     host_key_alias: str | None = None
     source: str = "ssh -G"
+
+
+# What a host or user name from an inventory or --host may hold: it reaches ProxyCommand (%h, %n, %r) and
+# paramiko's `Match exec` unquoted, so no shell metacharacter, space or control character; no leading '-'.
+_SAFE_NAME = re.compile(r"[A-Za-z0-9_.:%\[\]-]+")
+_SAFE_USER = re.compile(r"[A-Za-z0-9_.][A-Za-z0-9_.@-]*")
+
+
+def check_names(host: str, user: str | None = None) -> None:
+    """UsageError unless `host` (and `user`) are plain names that are safe to hand to a shell."""
+    if host.startswith("-") or not _SAFE_NAME.fullmatch(host):
+        raise UsageError(f"{host!r}: not a host name (only letters, digits and . _ - : [ ] %); "
+                         "fix the inventory or --host")
+    if user is not None and not _SAFE_USER.fullmatch(user):
+        raise UsageError(f"{host}: user {user!r} is not a user name (only letters, digits and . _ - @); "
+                         "fix the inventory or --host")
 
 
 def _none(v: str | None) -> str | None:
@@ -73,9 +90,11 @@ def resolve(
     extra_args: Sequence[str] = (),
 ) -> SSHOptions:
     """OpenSSH's view of `host`; what the caller passes (port, user, -i, -o...) wins, as on ssh's command line."""
+    check_names(host, user)
     ssh = shutil.which("ssh")
     if ssh is None:
-        return _paramiko_resolve(host, port=port, user=user, config=config, identities=identities)
+        return _paramiko_resolve(host, port=port, user=user, config=config, identities=identities,
+                                 extra_args=extra_args)
     argv = [ssh, "-G"]
     if config:
         argv += ["-F", os.path.expanduser(config)]
@@ -103,11 +122,32 @@ def resolve(
     return opts
 
 
+def _command_line(args: Sequence[str]) -> dict[str, list[str]]:
+    """ssh's command-line options (-p, -l, -i, -J, -F, -o K=V or -o 'K V') as ssh_config pairs."""
+    flags = {"-p": "port", "-l": "user", "-i": "identityfile", "-J": "proxyjump", "-F": "-f"}
+    out: dict[str, list[str]] = {}
+    it = iter(args)
+    for flag in it:
+        value = next(it, None)
+        if value is None:
+            break
+        if flag == "-o":
+            key, _, val = value.replace("=", " ", 1).partition(" ")
+            out.setdefault(key.strip().lower(), []).append(val.strip())
+        elif flag in flags:
+            out.setdefault(flags[flag], []).append(value)
+    return out
+
+
 def _paramiko_resolve(
-    host: str, *, port: int | None, user: str | None, config: str | None, identities: Sequence[str]
+    host: str, *, port: int | None, user: str | None, config: str | None, identities: Sequence[str],
+    extra_args: Sequence[str] = (),
 ) -> SSHOptions:
     import paramiko
 
+    given = _command_line(extra_args)  # the inventory's ssh args: they win over the file, as in ssh
+    files = given.pop("-f", [])
+    config = config or (files[0] if files else None)
     path = Path(os.path.expanduser(config or "~/.ssh/config"))
     found: dict = {}
     if path.exists():
@@ -118,11 +158,12 @@ def _paramiko_resolve(
     elif config:
         raise UsageError(f"--ssh-config {config}: no such file")
     pairs = {k.lower(): (v if isinstance(v, list) else [str(v)]) for k, v in found.items()}
+    pairs.update({k: v for k, v in given.items() if k != "identityfile"})
     if port:
         pairs["port"] = [str(port)]
     if user:
         pairs["user"] = [user]
-    pairs["identityfile"] = [*identities, *pairs.get("identityfile", [])]
+    pairs["identityfile"] = [*identities, *given.get("identityfile", []), *pairs.get("identityfile", [])]
     opts = _from_pairs(host, pairs, "paramiko SSHConfig")
     opts.identity_files = [p for p in opts.identity_files if os.path.exists(p)] or opts.identity_files
     return opts
