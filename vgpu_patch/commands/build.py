@@ -61,7 +61,8 @@ def _run_check(library: Path, glibc: str, arch: str) -> tuple[Any | None, str | 
 @click.option("--src", "src_dir", type=click.Path(file_okay=False, exists=True, path_type=Path), default=None,
               help="Shim source tree [default: the package's c_src].")
 @click.option("--no-check", is_flag=True, help="Skip the drop-in check after building.")
-@click.option("--sign", "sign_key", type=click.Path(dir_okay=False, path_type=Path), default=None, metavar="KEY",
+@click.option("--sign", "sign_key", type=click.Path(dir_okay=False, exists=True, path_type=Path), default=None,
+              metavar="KEY",
               help="Sign the library with this OpenSSH key (ssh-keygen -Y sign, namespace vgpu-patch; a public "
                    "key works when ssh-agent holds its private half) into libvgpu.so.sig.")
 @click.option("--reproduce", "reproduce_manifest", type=click.Path(dir_okay=False, exists=True, path_type=Path),
