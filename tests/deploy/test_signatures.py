@@ -59,7 +59,7 @@ def test_a_missing_signature_is_refused(case, keys) -> None:
 
 def test_a_key_not_allowed_is_refused(case, keys) -> None:
     root, _, cand = case
-    ours, theirs, allowed = keys
+    _, theirs, allowed = keys
     sign(cand, theirs)
     fingerprint = subprocess.run(["ssh-keygen", "-l", "-f", str(theirs.public)], capture_output=True, text=True,
                                  check=True).stdout.split()[1]
