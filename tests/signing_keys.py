@@ -39,6 +39,7 @@ def allowed_signers(path: Path, *keys: Key) -> Path:
 
 def sign(library: Path, key: Key) -> Path:
     """What `vgpu-patch build --sign` does, by hand: ssh-keygen -Y sign into <library>.sig."""
+    library.with_name(library.name + ".sig").unlink(missing_ok=True)  # ssh-keygen keeps an existing one
     subprocess.run(["ssh-keygen", "-Y", "sign", "-q", "-f", str(key.private), "-n", "vgpu-patch", str(library)],
                    check=True, capture_output=True, timeout=60)
     return library.with_name(library.name + ".sig")
