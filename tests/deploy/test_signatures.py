@@ -100,3 +100,16 @@ def test_a_signed_library_goes_live_and_a_rollback_needs_no_signature(case, keys
     assert p.returncode == 0, p.stderr
     assert sha(d / "libvgpu.so") == sha(libs["vendor"])
 
+
+
+def test_a_key_past_its_valid_before_is_refused_like_a_revoked_one(case, keys, tmp_path: Path) -> None:
+    root, _, cand = case
+    ours = keys[0]
+    sign(cand, ours)  # a good signature by a key the file now time-boxes (docs/signing.md, key rotation)
+    expired = tmp_path / "allowed_expired"
+    expired.write_text(ours.allowed_line().replace('namespaces="vgpu-patch"',
+                                                   'namespaces="vgpu-patch",valid-before="20200101"'))
+    assert f"which {expired} does not allow" in refused(root, cand, expired)
+    removed = tmp_path / "allowed_removed"  # revoked by deleting its line
+    allowed_signers(removed, keys[1])
+    assert f"which {removed} does not allow" in refused(root, cand, removed)
