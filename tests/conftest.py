@@ -26,7 +26,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 def build_fake_driver(out: Path) -> Path:
     """tests/fake_driver/*.c -> out/libcuda.so.1 + out/libnvidia-ml.so.1 (SONAMEs set)."""
-    from vgpu_patch.build import header_dir
+    from vgpu_patch.shim_build.build import header_dir
 
     out.mkdir(parents=True, exist_ok=True)
     common = ["gcc", "-shared", "-fPIC", "-fvisibility=hidden", "-O2", "-Wall", "-Wextra", "-Werror",
@@ -49,7 +49,7 @@ def shim_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     prebuilt = os.environ.get("VGPU_TEST_SHIM")
     if prebuilt:
         return Path(prebuilt).resolve()
-    from vgpu_patch.build import build_shim
+    from vgpu_patch.shim_build.build import build_shim
 
     # native gcc, no glibc floor: the fastest build; floors and zig are the build tests' business
     return build_shim(tmp_path_factory.mktemp("shim"), compiler="gcc", glibc=None).library

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from vgpu_patch.headers import find_header_dirs, header_dir
+from vgpu_patch.shim_build.headers import find_header_dirs, header_dir
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
@@ -38,8 +38,8 @@ def test_check_runs_by_default_and_its_failure_is_the_exit_code(tmp_path: Path, 
     p = run_cli("--src", str(fixture_src), "-o", str(tmp_path / "out"), "--json")
     doc = json.loads(p.stdout)
     if "skipped" in doc["check"]:
-        assert p.returncode == 0 and "elfcheck" in doc["check"]["skipped"]
-        pytest.skip("vgpu_patch.elfcheck not present yet")
+        assert p.returncode == 0 and "elf.check" in doc["check"]["skipped"]
+        pytest.skip("vgpu_patch.elf.check not present yet")
     assert p.returncode == 4, p.stderr
     assert (tmp_path / "out" / "libvgpu.so").is_file()  # the build itself succeeded
 

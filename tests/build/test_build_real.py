@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from vgpu_patch import elfproof
-from vgpu_patch.build import SRC_DIR, build_shim
-from vgpu_patch.sources import find_hooks_def
-from vgpu_patch.surface import exported_names
+from vgpu_patch.elf import proof
+from vgpu_patch.shim_build.build import SRC_DIR, build_shim
+from vgpu_patch.shim_build.sources import find_hooks_def
+from vgpu_patch.shim_build.surface import exported_names
 
 ROOT = Path(__file__).resolve().parents[2]
 HOOKS = find_hooks_def(SRC_DIR)
@@ -25,7 +25,7 @@ pytestmark = pytest.mark.skipif(not HOOKS.is_file(), reason="c_src has no hooks.
 @pytest.mark.parametrize("arch", ["x86_64", "aarch64"])
 def test_real_c_src_builds_for_the_default_floor(tmp_path: Path, arch: str) -> None:
     r = build_shim(tmp_path / "out", arch=arch)
-    facts = elfproof.read_facts(r.library)
+    facts = proof.read_facts(r.library)
     assert facts.exports == exported_names(HOOKS)
     assert r.manifest["glibc_floor"] == "2.28"
     assert tuple(int(x) for x in r.manifest["glibc_max_required"].split(".")) <= (2, 28)

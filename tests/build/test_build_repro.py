@@ -13,10 +13,10 @@ import pytest
 from buildtree import FILES, needs_gcc, write_tree
 
 from vgpu_patch import __version__
-from vgpu_patch.build import build_shim
 from vgpu_patch.errors import BuildError, UsageError
-from vgpu_patch.manifest import source_hash
-from vgpu_patch.reproduce import reproduce
+from vgpu_patch.shim_build.build import build_shim
+from vgpu_patch.shim_build.manifest import source_hash
+from vgpu_patch.shim_build.reproduce import reproduce
 
 MANIFEST_KEYS = {
     "schema", "file", "soname", "sha256", "size", "build_id", "arch", "target", "glibc_floor",

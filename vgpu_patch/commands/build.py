@@ -7,10 +7,10 @@ from typing import Any
 
 import click
 
-from ..build import PROFILES, build_shim
 from ..cli_options import emit_json, json_option
 from ..errors import EXIT_FAILED, EXIT_INCOMPATIBLE
-from ..toolchain import ARCHES, DEFAULT_FLOOR, FLOORS
+from ..shim_build.build import PROFILES, build_shim
+from ..shim_build.toolchain import ARCHES, DEFAULT_FLOOR, FLOORS
 
 EPILOG = """\b
 Examples:
@@ -36,13 +36,13 @@ def _glibc(v: str | None) -> str:
 
 
 def _run_check(library: Path, glibc: str, arch: str) -> tuple[Any | None, str | None]:
-    """The drop-in check (vgpu_patch.elfcheck), or (None, why it was skipped)."""
+    """The drop-in check (vgpu_patch.elf.check), or (None, why it was skipped)."""
     try:
-        elfcheck = importlib.import_module("vgpu_patch.elfcheck")
+        elfcheck = importlib.import_module("vgpu_patch.elf.check")
     except ModuleNotFoundError as e:
-        if e.name != "vgpu_patch.elfcheck":
+        if e.name != "vgpu_patch.elf.check":
             raise  # the checker exists but is broken: say so, do not skip silently
-        return None, "drop-in check skipped: vgpu_patch.elfcheck is not available in this version"
+        return None, "drop-in check skipped: vgpu_patch.elf.check is not available in this version"
     return elfcheck.check_file(library, vendor=None, glibc=glibc, arch=arch), None
 
 
@@ -106,7 +106,7 @@ def cli(out_dir: Path, arch: str | None, glibc: str, compiler: str | None, profi
         if "signature" in doc:
             click.echo(f"signature    {doc['signature']}")
         if report is not None:
-            click.echo(importlib.import_module("vgpu_patch.elfcheck").render_table(report))
+            click.echo(importlib.import_module("vgpu_patch.elf.check").render_table(report))
     if skipped:
         click.echo(skipped, err=True)
     if report is not None and not report.ok:
@@ -123,7 +123,7 @@ def _reproduce(manifest: Path, src_dir: Path | None, as_json: bool) -> None:
              and ctx.get_parameter_source(p.name) not in (None, click.core.ParameterSource.DEFAULT)]
     if given:
         raise click.UsageError(f"--reproduce takes the build's settings from {manifest}: drop {', '.join(given)}")
-    from ..reproduce import reproduce
+    from ..shim_build.reproduce import reproduce
 
     click.echo(f"rebuilding what {manifest} describes ...", err=True)
     r = reproduce(manifest, src_dir)

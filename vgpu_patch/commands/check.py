@@ -50,7 +50,7 @@ def cli(ctx: click.Context, candidate: Path, vendor: Path | None, glibc: str, gl
     missing, hidden or extra, no data objects); symbol versions; the GLIBC_x.y floor and GLIBC_PRIVATE;
     the x86 ISA level. Prints one line per rule (pass/warn/fail/info), or one JSON document with --json.
     """
-    from ..elfcheck import check_file, glibc_floor_of_libc, render_table  # keeps `--help` fast
+    from ..elf.check import check_file, glibc_floor_of_libc, render_table  # keeps `--help` fast
 
     try:
         source = None

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..errors import UsageError
 from . import manifest as manifest_mod
 from .build import PROFILES, build_shim
-from .errors import UsageError
 
 # what a build depends on, as the manifest records it (everything else in it describes the output)
 INPUT_KEYS = ("source_sha256", "hooks_def_sha256", "compiler", "headers", "arch", "target", "glibc_floor",

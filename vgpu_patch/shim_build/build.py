@@ -2,7 +2,7 @@
 
 Steps: pick the toolchain (toolchain.py) and headers (headers.py) -> compile every c_src/**/*.c and
 *.S except c_src/tests/ (sorted, in parallel, from inside the source dir so paths are relative) ->
-link with a version script generated from hooks.def -> prove the ELF (elfproof.py: arch, GLIBC
+link with a version script generated from hooks.def -> prove the ELF (elf/proof.py: arch, GLIBC
 floor, exports) -> move the .so into out_dir atomically and write `libvgpu.so.json` next to it.
 
 Reproducibility: sorted inputs, `-ffile-prefix-map` for every absolute directory, `-Wdate-time`, no
@@ -24,10 +24,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import __version__, elfproof, headers, manifest, toolchain
-from .digest import sha256_file
-from .errors import BuildError, UsageError
-from .signing import signature_path
+from .. import __version__
+from ..digest import sha256_file
+from ..elf import proof
+from ..errors import BuildError, UsageError
+from ..signing import signature_path
+from . import headers, manifest, toolchain
 from .sources import HOOKS_DEF_PLACES, c_src_dir, find_hooks_def
 from .surface import exported_names
 
@@ -73,7 +75,7 @@ class BuildResult:
     library: Path
     manifest: dict[str, Any]
     manifest_path: Path
-    facts: elfproof.ElfFacts | None = field(default=None, repr=False)
+    facts: proof.ElfFacts | None = field(default=None, repr=False)
 
     @property
     def sha256(self) -> str:
@@ -257,7 +259,7 @@ def build_shim(
         _run(link, cwd=Path("/"), env=env, what=f"linking {LIBRARY}", log_dir=build_dir)
 
         machine = toolchain.ARCHES[tc.arch][0]
-        facts = elfproof.prove(lib_tmp, machine=machine, glibc=tc.glibc, exports=names)
+        facts = proof.prove(lib_tmp, machine=machine, glibc=tc.glibc, exports=names)
         digest = sha256_file(lib_tmp)
         doc: dict[str, Any] = {
             "schema": manifest.SCHEMA,
