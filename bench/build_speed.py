@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from vgpu_patch.build import SRC_DIR, build_shim
+from vgpu_patch.shim_build.build import SRC_DIR, build_shim
 
 
 def timed(out: Path, **kw) -> tuple[float, str]:

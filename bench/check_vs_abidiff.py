@@ -27,7 +27,7 @@ sys.path.insert(0, str(REPO / "tests" / "check"))
 
 import elfcheck_fixtures as libs
 
-from vgpu_patch.elfcheck import check_file
+from vgpu_patch.elf.check import check_file
 
 TARGET_S = 0.1
 HELPERS = 5000  # hidden helpers: enough code for ~1 MB

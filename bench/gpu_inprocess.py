@@ -19,7 +19,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from vgpu_patch.build import build_shim, header_dir
+from vgpu_patch.shim_build.build import build_shim, header_dir
 
 TARGETS = {"launch_ns": "added <= 50 ns and <= 2%", "meminfo_ns": "added <= 100 ns",
            "pair_4k_ns": "ratio <= 1.10", "pair_1m_ns": "ratio <= 1.10"}

@@ -40,7 +40,7 @@ sys.path.insert(0, str(HERE))
 
 from shim_overhead import collect, compile_bench, medians, report
 
-from vgpu_patch.build import build_shim
+from vgpu_patch.shim_build.build import build_shim
 
 DECODE = r"""
 import json, sys, time, torch

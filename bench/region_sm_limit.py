@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT))
 
 from regiontools import C_SRC, CFLAGS, LIMITER_SOURCES, REGION_SOURCES
 
-from vgpu_patch.build import build_shim, header_dir
+from vgpu_patch.shim_build.build import build_shim, header_dir
 
 LIMITS = [None, "100", "75", "50", "25"]
 

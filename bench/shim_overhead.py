@@ -26,7 +26,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from vgpu_patch.build import build_shim, header_dir
+from vgpu_patch.shim_build.build import build_shim, header_dir
 
 METRICS = ["launch_ns", "alloc_free_ns", "meminfo_ns", "ctx_get_device_ns", "ctx_get_current_ns", "pair_10_live_ns",
            "pair_100k_live_ns"]

@@ -22,7 +22,7 @@ sys.path.insert(0, str(ROOT))
 
 from shares import LONG_ITERS, SHORT_ITERS, Container, ShareRunner, jain, mps_daemon
 
-from vgpu_patch.build import build_shim, header_dir
+from vgpu_patch.shim_build.build import build_shim, header_dir
 
 C = Container
 ROWS: list[tuple[str, list[Container]]] = [

@@ -19,6 +19,13 @@ stale_option = click.option(
     help="After each swap, list the node's processes still mapping the old library (reads every process's "
          "/proc/PID/maps there; `vgpu-patch status` and `restart-plan` report them at any time).")
 
+allowed_signers_option = click.option(
+    "--allowed-signers", type=click.Path(dir_okay=False), default=None, envvar="VGPU_PATCH_ALLOWED_SIGNERS",
+    show_envvar=True, metavar="FILE",
+    help="Refuse, before anything is uploaded or swapped, a library without a valid OpenSSH signature "
+         "(<library>.sig, namespace vgpu-patch) by a key in FILE (ssh-keygen's allowed_signers format; "
+         "docs/signing.md).")
+
 
 SCHEMA_VERSION = 1
 _emitted = False  # one document per run: main() prints an error document only when none was

@@ -10,9 +10,9 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from . import toolchain
+from .elf.reference import reference_surface
 from .errors import BuildError
-from .surface import reference_surface
+from .shim_build import toolchain
 
 VENDOR_DIR = "usr/local/vgpu"
 

@@ -74,6 +74,10 @@ class IntegrityError(DeployError):
     """A sha256 did not match what was expected; the live file was not replaced."""
 
 
+class SignatureError(IntegrityError):
+    """A library's OpenSSH signature is missing, from a key not allowed, or does not match it; nothing changed."""
+
+
 class StopRequested(DeployError):
     """A fleet run is stopping (its failure budget is spent): this node was left untouched."""
 

@@ -11,7 +11,7 @@ from typing import Callable
 import pytest
 from buildtree import FILES, write_tree
 
-from vgpu_patch.build import BuildResult, build_shim
+from vgpu_patch.shim_build.build import BuildResult, build_shim
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from vgpu_patch.headers import find_header_dirs, header_dir
+from vgpu_patch.shim_build.headers import find_header_dirs, header_dir
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
@@ -38,8 +38,8 @@ def test_check_runs_by_default_and_its_failure_is_the_exit_code(tmp_path: Path, 
     p = run_cli("--src", str(fixture_src), "-o", str(tmp_path / "out"), "--json")
     doc = json.loads(p.stdout)
     if "skipped" in doc["check"]:
-        assert p.returncode == 0 and "elfcheck" in doc["check"]["skipped"]
-        pytest.skip("vgpu_patch.elfcheck not present yet")
+        assert p.returncode == 0 and "elf.check" in doc["check"]["skipped"]
+        pytest.skip("vgpu_patch.elf.check not present yet")
     assert p.returncode == 4, p.stderr
     assert (tmp_path / "out" / "libvgpu.so").is_file()  # the build itself succeeded
 
@@ -71,3 +71,21 @@ def test_toolkit_with_both_headers_wins_and_one_without_nvml_is_skipped(tmp_path
     (full / "nvml.h").write_bytes((real / "nvml.h").read_bytes())
     assert find_header_dirs(toolkits=[partial, full]) == [full.resolve()]
     assert find_header_dirs(toolkits=[partial]) == [real]  # falls back to the wheels
+
+
+def test_sign_writes_a_signature_and_a_rebuild_removes_a_stale_one(tmp_path: Path, fixture_src: Path) -> None:
+    from signing_keys import allowed_signers, make_key
+
+    from vgpu_patch import signing
+
+    key = make_key(tmp_path / "keys", "release@example.com")
+    out = tmp_path / "out"
+    p = run_cli("--src", str(fixture_src), "-o", str(out), "--no-check", "--sign", str(key.private), "--json")
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["signature"] == str(out / "libvgpu.so.sig")
+    signer = signing.verify(out / "libvgpu.so", allowed_signers(tmp_path / "allowed", key))
+    assert signer.principal == "release@example.com"
+    p = run_cli("--src", str(fixture_src), "-o", str(out), "--no-check")  # the same bytes, but unsigned now
+    assert p.returncode == 0 and not (out / "libvgpu.so.sig").exists(), p.stderr
+    p = run_cli("--src", str(fixture_src), "-o", str(out), "--no-check", "--sign", str(tmp_path / "no-such-key"))
+    assert p.returncode == 2 and "no-such-key" in p.stderr and "does not exist" in p.stderr

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from buildtree import FILES, have_gcc, needs_gcc
 
-from vgpu_patch.build import build_shim
 from vgpu_patch.errors import BuildError, UsageError
-from vgpu_patch.headers import find_header_dirs
-from vgpu_patch.toolchain import host_arch, host_glibc, version_tuple
+from vgpu_patch.shim_build.build import build_shim
+from vgpu_patch.shim_build.headers import find_header_dirs
+from vgpu_patch.shim_build.toolchain import host_arch, host_glibc, version_tuple
 
 
 def one_line(e: pytest.ExceptionInfo) -> str:
@@ -126,7 +126,7 @@ def test_no_headers_names_both_options() -> None:
 
 def test_hooks_def_in_the_old_place_still_builds(make_src, tmp_path: Path) -> None:
     """A tree from before the driver/ layer (hooks.def in interpose/) builds as c_src/driver/hooks.def does."""
-    from vgpu_patch.sources import find_hooks_def
+    from vgpu_patch.shim_build.sources import find_hooks_def
 
     src = make_src()
     (src / "driver" / "hooks.def").rename(src / "interpose" / "hooks.def")
@@ -138,7 +138,7 @@ def test_hooks_def_in_the_old_place_still_builds(make_src, tmp_path: Path) -> No
 def test_the_packaged_sources_are_found_through_importlib_resources() -> None:
     from importlib import resources
 
-    from vgpu_patch.sources import c_src_dir, find_hooks_def
+    from vgpu_patch.shim_build.sources import c_src_dir, find_hooks_def
 
     assert c_src_dir() == Path(str(resources.files("vgpu_patch") / "c_src")).resolve()
     assert find_hooks_def().is_file()

@@ -3,15 +3,20 @@ describes the build without timestamps or absolute paths."""
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from buildtree import FILES, needs_gcc, write_tree
 
 from vgpu_patch import __version__
-from vgpu_patch.build import build_shim
-from vgpu_patch.manifest import source_hash
+from vgpu_patch.errors import BuildError, UsageError
+from vgpu_patch.shim_build.build import build_shim
+from vgpu_patch.shim_build.manifest import source_hash
+from vgpu_patch.shim_build.reproduce import reproduce
 
 MANIFEST_KEYS = {
     "schema", "file", "soname", "sha256", "size", "build_id", "arch", "target", "glibc_floor",
@@ -89,3 +94,59 @@ def test_source_change_changes_the_library(tmp_path: Path, built) -> None:
     files["core.c"] = FILES["core.c"].replace("(size_t)4 << 30", "(size_t)8 << 30")
     r = build_shim(tmp_path / "out", arch="x86_64", glibc="2.28", src_dir=write_tree(tmp_path / "c_src", files))
     assert r.sha256 != base.sha256 and r.manifest["source_sha256"] != base.manifest["source_sha256"]
+
+
+def test_manifest_records_the_compiler_and_header_wheels(built) -> None:
+    m = built("x86_64", "2.28").manifest
+    assert m["compiler"]["package"] == f"ziglang {importlib.metadata.version('ziglang')}"
+    packages = m["headers"]["packages"]  # empty only when the headers come from a CUDA toolkit
+    for name, version in packages.items():
+        assert importlib.metadata.version(name) == version
+    assert packages or m["headers"]["sha256"]
+
+
+def test_a_date_macro_fails_the_build(tmp_path: Path, make_src) -> None:
+    src = make_src(**{"core.c": FILES["core.c"] + 'const char *fx_when = __DATE__;\n'})
+    with pytest.raises(BuildError) as e:
+        build_shim(tmp_path / "out", arch="x86_64", glibc="2.28", src_dir=src)
+    assert "date-time" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_source_date_epoch_is_honoured_and_checked(tmp_path: Path, fixture_src: Path, built, monkeypatch) -> None:
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700000000")
+    r = build_shim(tmp_path / "out", arch="x86_64", glibc="2.28", src_dir=fixture_src)
+    assert r.sha256 == built("x86_64", "2.28").sha256  # -Wdate-time keeps the epoch out of the bytes
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "yesterday")
+    with pytest.raises(UsageError, match="SOURCE_DATE_EPOCH='yesterday'"):
+        build_shim(tmp_path / "out2", arch="x86_64", glibc="2.28", src_dir=fixture_src)
+
+
+def run_build(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "vgpu_patch.cli", "build", *args], capture_output=True, text=True,
+                          timeout=900)
+
+
+def test_reproduce_rebuilds_and_matches(built, fixture_src: Path) -> None:
+    r = built("aarch64", "2.28")
+    p = run_build("--reproduce", str(r.manifest_path), "--src", str(fixture_src))
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip() == (f"reproduced: {r.manifest_path} describes sha256 {r.sha256}, and the rebuild "
+                                "has it")
+    assert reproduce(r.manifest_path, fixture_src).ok
+
+
+def test_reproduce_names_the_inputs_that_differ(built, make_src) -> None:
+    r = built("x86_64", "2.28")
+    changed = make_src(**{"core.c": FILES["core.c"].replace("(size_t)4 << 30", "(size_t)2 << 30")})
+    p = run_build("--reproduce", str(r.manifest_path), "--src", str(changed))
+    assert p.returncode == 1
+    line = p.stderr.strip().splitlines()[-1]
+    assert line.startswith(f"{r.manifest_path}: the rebuild has sha256 ") and r.sha256 in line
+    assert "inputs that differ here: source_sha256" in line
+    doc = json.loads(run_build("--reproduce", str(r.manifest_path), "--src", str(changed), "--json").stdout)
+    assert doc["ok"] is False and doc["recorded_sha256"] == r.sha256 and "source_sha256" in doc["differing_inputs"]
+
+
+def test_reproduce_takes_the_settings_from_the_manifest(built) -> None:
+    p = run_build("--reproduce", str(built("x86_64", "2.28").manifest_path), "--arch", "aarch64", "-o", "x")
+    assert p.returncode == 2 and "drop --output, --arch" in p.stderr

@@ -10,8 +10,8 @@ import pytest
 from buildtree import EXPORTS, needs_gcc
 from elftools.elf.elffile import ELFFile
 
-from vgpu_patch import elfproof
-from vgpu_patch.toolchain import host_arch
+from vgpu_patch.elf import proof
+from vgpu_patch.shim_build.toolchain import host_arch
 
 TARGETS = [("x86_64", "2.28"), ("x86_64", "2.17"), ("aarch64", "2.28"), ("aarch64", "2.17")]
 MACHINE = {"x86_64": "EM_X86_64", "aarch64": "EM_AARCH64"}
@@ -55,7 +55,7 @@ def test_readelf_agrees(built, arch: str, glibc: str) -> None:
 @pytest.mark.parametrize("arch", ["x86_64", "aarch64"])
 def test_exports_equal_the_version_script(built, arch: str) -> None:
     r = built(arch, "2.28")
-    facts = elfproof.read_facts(r.library)
+    facts = proof.read_facts(r.library)
     assert facts.exports == sorted(EXPORTS)  # hidden helpers and data stay local
     assert "fx_internal_counter" not in facts.exports and "fx_core_init" not in facts.exports
     assert facts.soname == "libvgpu.so"
@@ -74,7 +74,7 @@ def test_host_gcc_build_without_floor(built) -> None:
     r = built("x86_64", None, "gcc")
     assert r.manifest["compiler"]["kind"] == "gcc"
     assert r.manifest["glibc_floor"] is None
-    assert elfproof.read_facts(r.library).exports == sorted(EXPORTS)
+    assert proof.read_facts(r.library).exports == sorted(EXPORTS)
 
 
 @needs_gcc
@@ -103,6 +103,6 @@ def test_floor_build_loads_and_runs_on_this_host(built, glibc: str) -> None:
 
 
 def test_glibc_release_names() -> None:
-    assert elfproof.glibc_release("GLIBC_2.2.5") == "2.2.5"
-    assert elfproof.glibc_release("GLIBC_ABI_DT_RELR") == "2.36"
-    assert elfproof.glibc_release("GLIBC_PRIVATE") is None
+    assert proof.glibc_release("GLIBC_2.2.5") == "2.2.5"
+    assert proof.glibc_release("GLIBC_ABI_DT_RELR") == "2.36"
+    assert proof.glibc_release("GLIBC_PRIVATE") is None

@@ -12,7 +12,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from vgpu_patch.surface import reference_surface
+from vgpu_patch.elf.reference import reference_surface
 
 PROBE = "cuMemAlloc_v2"  # the surface name the missing/hidden variants take away
 

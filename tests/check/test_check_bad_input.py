@@ -7,7 +7,7 @@ import pytest
 from elfcheck_fixtures import cli_runner
 
 from vgpu_patch.commands.check import cli
-from vgpu_patch.elfcheck import check_file
+from vgpu_patch.elf.check import check_file
 from vgpu_patch.errors import ElfError
 
 

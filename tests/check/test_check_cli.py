@@ -11,7 +11,7 @@ from elfcheck_fixtures import cli_runner
 
 from vgpu_patch.cli import cli as top
 from vgpu_patch.commands.check import cli
-from vgpu_patch.elfcheck import check_file
+from vgpu_patch.elf.check import check_file
 
 REPO = Path(__file__).resolve().parents[2]
 RULE_KEYS = {"name", "status", "detail", "items"}

@@ -4,7 +4,7 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from vgpu_patch.elfcheck import Report, check_file
+from vgpu_patch.elf.check import Report, check_file
 from vgpu_patch.errors import ElfError
 
 HEADERS = 0x40 + 56 * 10  # ELF header and the first program headers, where damage hurts most

@@ -6,7 +6,7 @@ from pathlib import Path
 import elfcheck_fixtures as libs
 import pytest
 
-from vgpu_patch.elfcheck import check_file, glibc_requirements
+from vgpu_patch.elf.check import check_file, glibc_requirements
 
 FLAGGED = ("fail", "warn")
 

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from vgpu_patch.elfcheck import check_file
+from vgpu_patch.elf.check import check_file
 from vgpu_patch.errors import ElfError
 
 

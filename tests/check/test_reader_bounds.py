@@ -14,8 +14,8 @@ import pytest
 from elftools.elf.elffile import ELFFile
 
 from vgpu_patch.deploy.candidate import inspect
+from vgpu_patch.elf.check import check_file, glibc_floor_of_libc
 from vgpu_patch.elf.facts import read_facts
-from vgpu_patch.elfcheck import check_file, glibc_floor_of_libc
 from vgpu_patch.errors import ElfError
 
 SHDR = struct.Struct("<IIQQQQIIQQ")

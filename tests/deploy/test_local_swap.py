@@ -334,7 +334,7 @@ def test_status_reports_vendor_backups_history(node, libs) -> None:
 
 
 def test_check_against_the_live_vendor_file_refuses_a_bad_candidate(node, libs) -> None:
-    pytest.importorskip("vgpu_patch.elfcheck")
+    pytest.importorskip("vgpu_patch.elf.check")
     t, d = node
     # our toy library exports none of the interposition surface: `check` must block it
     with pytest.raises(DeployError, match=r"vgpu-patch check found .* blocking problem"):

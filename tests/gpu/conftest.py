@@ -57,7 +57,7 @@ def gpu(tmp_path_factory: pytest.TempPathFactory) -> Gpu:
     why = driver_present()
     if why:
         pytest.skip(why)
-    from vgpu_patch.build import build_shim, header_dir
+    from vgpu_patch.shim_build.build import build_shim, header_dir
 
     tmp = tmp_path_factory.mktemp("gpu")
     try:
@@ -75,7 +75,7 @@ def gpu(tmp_path_factory: pytest.TempPathFactory) -> Gpu:
 @pytest.fixture(scope="session")
 def region_gpu(gpu: Gpu) -> Path:
     """c_src/tests/gpu/region_gpu.c: holds or loops on the real driver for the region tests."""
-    from vgpu_patch.build import header_dir
+    from vgpu_patch.shim_build.build import header_dir
 
     out = gpu.tmp / "region_gpu"
     cc = os.environ.get("CC", "gcc")

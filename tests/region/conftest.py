@@ -38,24 +38,10 @@ def region_env(tmp_path: Path) -> dict[str, str]:
     return env
 
 
-# --- the real shim over the shim helper's fake driver (their builders, reused) -------------------
+# --- the real shim over the fake driver (the session's builds, tests/conftest.py) --------------------
 TESTS = Path(__file__).resolve().parents[1]
 if str(TESTS) not in sys.path:
     sys.path.insert(0, str(TESTS))
-
-
-@pytest.fixture(scope="session")
-def fake_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from shim.conftest import build_fake_driver
-
-    return build_fake_driver(tmp_path_factory.mktemp("fake-driver"))
-
-
-@pytest.fixture(scope="session")
-def shim_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from vgpu_patch.build import build_shim
-
-    return build_shim(tmp_path_factory.mktemp("shim"), compiler="gcc", glibc=None).library
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from regiontools import ROOT
 
-from vgpu_patch.build import build_shim, header_dir
+from vgpu_patch.shim_build.build import build_shim, header_dir
 
 FAKE = ROOT / "tests" / "fake_driver"
 BASELINE = "68e8a26"  # the last commit before issue 11's changes
@@ -40,7 +40,8 @@ def build_cost_tool(out: Path, fake: Path) -> Path:
 
 def build_shim_at(commit: str | None, out: Path, compiler: str | None = "gcc") -> Path:
     """libvgpu.so from this worktree (commit None), or from `git archive <commit> c_src vgpu_patch`
-    built by that commit's own vgpu_patch.build (the source layout moves between commits)."""
+    built by that commit's own build module (the source layout moves between commits: vgpu_patch/build.py
+    before the shim_build package)."""
     if not commit:
         return build_shim(out / "shim-head", compiler=compiler, glibc=None).library
     tar = subprocess.run(["git", "-C", str(ROOT), "archive", commit, "c_src", "vgpu_patch"], check=True,
@@ -49,7 +50,9 @@ def build_shim_at(commit: str | None, out: Path, compiler: str | None = "gcc") -
     with tarfile.open(fileobj=io.BytesIO(tar)) as t:
         t.extractall(dest)
     lib = out / f"shim-{commit}"
-    code = ("import sys; from pathlib import Path; from vgpu_patch.build import build_shim; "
+    code = ("import importlib, sys; from pathlib import Path\n"
+            "try: build_shim = importlib.import_module('vgpu_patch.shim_build.build').build_shim\n"
+            "except ImportError: build_shim = importlib.import_module('vgpu_patch.build').build_shim\n"
             f"print(build_shim(Path({str(lib)!r}), compiler={compiler!r}, glibc=None).library)")
     env = {**os.environ, "PYTHONPATH": str(dest)}
     cp = subprocess.run([sys.executable, "-c", code], cwd=dest, env=env, capture_output=True, text=True)

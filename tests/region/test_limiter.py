@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from regiontools import C_SRC, CFLAGS, LIMITER_SOURCES, REGION_SOURCES, cc
 
-from vgpu_patch.build import header_dir
+from vgpu_patch.shim_build.build import header_dir
 
 KERNEL_US, COUNT = 1000, 150  # 150 ms of GPU work per run
 

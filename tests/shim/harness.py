@@ -12,7 +12,7 @@ import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
-from vgpu_patch.build import header_dir
+from vgpu_patch.shim_build.build import header_dir
 
 HEADERS = header_dir()
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from vgpu_patch.build import build_shim, header_dir
+from vgpu_patch.shim_build.build import build_shim, header_dir
 
 HERE = Path(__file__).resolve().parent
 FAKE_SRC = HERE.parent / "fake_driver"

@@ -5,7 +5,8 @@ from pathlib import Path
 
 from elftools.elf.elffile import ELFFile
 
-from vgpu_patch.surface import exported_names, parse_hooks, reference_surface, wrapped_variants
+from vgpu_patch.elf.reference import reference_surface
+from vgpu_patch.shim_build.surface import exported_names, parse_hooks, wrapped_variants
 
 
 def dynamic_exports(path: Path) -> list[tuple[str, str]]:

@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from vgpu_patch.surface import parse_hooks, wrapped_variants
+from vgpu_patch.shim_build.surface import parse_hooks, wrapped_variants
 
 from .harness import Env
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from elftools.elf.elffile import ELFFile
 
-from vgpu_patch.surface import parse_hooks
+from vgpu_patch.shim_build.surface import parse_hooks
 
 from .harness import Env
 
@@ -74,7 +74,7 @@ def test_calls_from_another_librarys_constructor(env: Env) -> None:
 
 
 def _headers() -> Path:
-    from vgpu_patch.build import header_dir
+    from vgpu_patch.shim_build.build import header_dir
     return header_dir()
 
 

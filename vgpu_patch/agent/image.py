@@ -8,6 +8,8 @@ from pathlib import Path
 
 from ..deploy.candidate import Candidate, inspect
 from ..errors import ElfError, IntegrityError, UsageError
+from ..signing import Signer
+from ..signing import verify as verify_signature
 
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
@@ -18,6 +20,7 @@ class ImageLibrary:
     sha256: str
     version: str | None  # from the embedded `vgpu-patch-shim <version>`, None for a foreign build
     candidate: Candidate
+    signer: Signer | None = None  # with --allowed-signers: who signed it
 
 
 def default_manifest(library: Path) -> Path:
@@ -48,8 +51,10 @@ def expected_sha256(library: Path, sha256: str | None, manifest: Path | None) ->
     return want, str(path)
 
 
-def verify_image(library: Path | str, *, sha256: str | None = None, manifest: Path | str | None = None) -> ImageLibrary:
-    """Refuse image content that is not what was built: a sha256 mismatch or a file that is not a shared object."""
+def verify_image(library: Path | str, *, sha256: str | None = None, manifest: Path | str | None = None,
+                 allowed_signers: Path | str | None = None) -> ImageLibrary:
+    """Refuse image content that is not what was built: a sha256 mismatch, a file that is not a shared object,
+    or (with allowed_signers) a library without a valid signature by an allowed key beside it."""
     library = Path(library)
     want, source = expected_sha256(library, sha256, Path(manifest) if manifest else None)
     try:
@@ -61,4 +66,5 @@ def verify_image(library: Path | str, *, sha256: str | None = None, manifest: Pa
             f"image library {library} has sha256 {cand.sha256}, but {source} expects {want}: "
             "the image is damaged or mismatched; rebuild it, nothing on the host was touched"
         )
-    return ImageLibrary(library, cand.sha256, cand.ours_version, cand)
+    signer = verify_signature(library, allowed_signers) if allowed_signers else None
+    return ImageLibrary(library, cand.sha256, cand.ours_version, cand, signer)

@@ -52,6 +52,7 @@ class AgentConfig:
     interval: float = 10.0
     sha256: str | None = None
     manifest: Path | None = None
+    allowed_signers: Path | None = None  # refuse an image library not signed by one of these keys
     status_file: Path | None = None
     operator: str = ""
     watch: str = "auto"  # auto | inotify | poll
@@ -69,7 +70,10 @@ class AgentConfig:
 class Agent:
     def __init__(self, cfg: AgentConfig) -> None:
         self.cfg = cfg
-        self.image: ImageLibrary = verify_image(cfg.library, sha256=cfg.sha256, manifest=cfg.manifest)
+        self.image: ImageLibrary = verify_image(cfg.library, sha256=cfg.sha256, manifest=cfg.manifest,
+                                                allowed_signers=cfg.allowed_signers)
+        if self.image.signer is not None:
+            log(f"{cfg.library}: signed by {self.image.signer}")
         self.operator = cfg.operator or default_operator()
         self.t = LocalTransport(cfg.host_root, name=self.operator.split("@", 1)[-1])
         self.dir = cfg.target_dir.rstrip("/") or "/"

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from ..cli_options import emit_json, json_option
+from ..cli_options import allowed_signers_option, emit_json, json_option
 from ..errors import EXIT_FAILED
 
 if TYPE_CHECKING:
@@ -75,12 +75,13 @@ Exit codes: 0 ok (probe: ready); 1 failed, refused image content, or probe: not 
 @click.option("--api-server", default=None, metavar="URL", help="Kubernetes API URL [default: in-cluster].")
 @click.option("--token-file", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Bearer token for --api-server.")
+@allowed_signers_option
 @json_option
-def cli(library: Path, sha256: str | None, manifest: Path | None, host_root: Path, target_dir: str, interval: float,
-        watch: str, once: bool, probe: bool, do_rollback: bool, to_sha256: str | None, status_file: Path,
-        metrics_port: int | None, metrics_addr: str | None, operator: str, proc_root: Path, no_stale_scan: bool,
-        ready_file: Path | None, stuck_after: float | None, report: str, node_name: str | None, api_server: str | None,
-        token_file: Path | None, as_json: bool) -> None:
+def cli(library: Path, sha256: str | None, manifest: Path | None, allowed_signers: str | None, host_root: Path,
+        target_dir: str, interval: float, watch: str, once: bool, probe: bool, do_rollback: bool,
+        to_sha256: str | None, status_file: Path, metrics_port: int | None, metrics_addr: str | None, operator: str,
+        proc_root: Path, no_stale_scan: bool, ready_file: Path | None, stuck_after: float | None, report: str,
+        node_name: str | None, api_server: str | None, token_file: Path | None, as_json: bool) -> None:
     """Install the image's libvgpu.so into the host's library directory and keep it there.
 
     Uses the same protocol and on-node state as `vgpu-patch deploy` (lock, backups, history.jsonl with
@@ -107,6 +108,8 @@ def cli(library: Path, sha256: str | None, manifest: Path | None, host_root: Pat
     reporter = _reporter(report, node_name, api_server, token_file) if not (do_rollback or probe) else None
     cfg = AgentConfig(library=library, host_root=host_root, target_dir=target_dir, interval=interval, sha256=sha256,
                       manifest=manifest, status_file=status_file, operator=operator, watch=watch,
+                      # a rollback puts back a recorded backup, signed or not (the vendor's file never is)
+                      allowed_signers=None if do_rollback or not allowed_signers else Path(allowed_signers),
                       proc=None if no_stale_scan else proc_root, ready_file=ready_file, stuck_after=stuck_after or 0.0,
                       reporter=reporter)
     agent = Agent(cfg)

@@ -7,10 +7,10 @@ from typing import Any
 
 import click
 
-from ..build import PROFILES, build_shim
 from ..cli_options import emit_json, json_option
-from ..errors import EXIT_INCOMPATIBLE
-from ..toolchain import ARCHES, DEFAULT_FLOOR, FLOORS
+from ..errors import EXIT_FAILED, EXIT_INCOMPATIBLE
+from ..shim_build.build import PROFILES, build_shim
+from ..shim_build.toolchain import ARCHES, DEFAULT_FLOOR, FLOORS
 
 EPILOG = """\b
 Examples:
@@ -18,11 +18,16 @@ Examples:
   vgpu-patch build --arch aarch64 --glibc 2.17 -o out/arm64
   vgpu-patch build --compiler zig --profile debug --no-check
   vgpu-patch build --json > build.json
+  vgpu-patch build -o out/ --sign ~/.ssh/release_ed25519      # also writes out/libvgpu.so.sig
+  vgpu-patch build --reproduce out/libvgpu.so.json              # rebuild and compare the bytes
 \b
 The default compiler is gcc when it can meet the target natively (same arch, host glibc <= floor),
 else `zig cc` from the ziglang wheel. The result is proven from the ELF: a required GLIBC_x.y above
 the floor, GLIBC_PRIVATE, a wrong arch or exports that differ from hooks.def fail the build.
-Exit codes: 0 built (and check passed); 1 build failed; 2 usage error; 4 the drop-in check failed.
+The same inputs give the same bytes, whatever the build, cache or install directory; the manifest records
+them, and --reproduce rebuilds from it (target, compiler and profile taken from the manifest).
+Exit codes: 0 built (and check passed), or --reproduce matched; 1 build failed, or --reproduce gave other
+bytes (one line names the inputs that differ); 2 usage error; 4 the drop-in check failed.
 """
 
 
@@ -31,13 +36,13 @@ def _glibc(v: str | None) -> str:
 
 
 def _run_check(library: Path, glibc: str, arch: str) -> tuple[Any | None, str | None]:
-    """The drop-in check (vgpu_patch.elfcheck), or (None, why it was skipped)."""
+    """The drop-in check (vgpu_patch.elf.check), or (None, why it was skipped)."""
     try:
-        elfcheck = importlib.import_module("vgpu_patch.elfcheck")
+        elfcheck = importlib.import_module("vgpu_patch.elf.check")
     except ModuleNotFoundError as e:
-        if e.name != "vgpu_patch.elfcheck":
+        if e.name != "vgpu_patch.elf.check":
             raise  # the checker exists but is broken: say so, do not skip silently
-        return None, "drop-in check skipped: vgpu_patch.elfcheck is not available in this version"
+        return None, "drop-in check skipped: vgpu_patch.elf.check is not available in this version"
     return elfcheck.check_file(library, vendor=None, glibc=glibc, arch=arch), None
 
 
@@ -56,18 +61,33 @@ def _run_check(library: Path, glibc: str, arch: str) -> tuple[Any | None, str | 
 @click.option("--src", "src_dir", type=click.Path(file_okay=False, exists=True, path_type=Path), default=None,
               help="Shim source tree [default: the package's c_src].")
 @click.option("--no-check", is_flag=True, help="Skip the drop-in check after building.")
+@click.option("--sign", "sign_key", type=click.Path(dir_okay=False, exists=True, path_type=Path), default=None,
+              metavar="KEY",
+              help="Sign the library with this OpenSSH key (ssh-keygen -Y sign, namespace vgpu-patch; a public "
+                   "key works when ssh-agent holds its private half) into libvgpu.so.sig.")
+@click.option("--reproduce", "reproduce_manifest", type=click.Path(dir_okay=False, exists=True, path_type=Path),
+              default=None, metavar="MANIFEST",
+              help="Rebuild what this build manifest (libvgpu.so.json) describes, in a temporary directory, and "
+                   "compare its sha256 with the recorded one; writes nothing.")
 @json_option
-def cli(out_dir: Path, arch: str | None, glibc: str, compiler: str | None,
-        profile: str, src_dir: Path | None, no_check: bool, as_json: bool) -> None:
+def cli(out_dir: Path, arch: str | None, glibc: str, compiler: str | None, profile: str, src_dir: Path | None,
+        no_check: bool, sign_key: Path | None, reproduce_manifest: Path | None, as_json: bool) -> None:
     """Build libvgpu.so from c_src for a glibc floor and arch, reproducibly, with a JSON manifest.
 
     Example: vgpu-patch build -o out/ --glibc 2.28
     """
+    if reproduce_manifest is not None:
+        _reproduce(reproduce_manifest, src_dir, as_json)
+        return
     click.echo(f"building libvgpu.so ({profile}, glibc {glibc}, {arch or 'host arch'}) into {out_dir}/ ...", err=True)
     result = build_shim(out_dir, arch=arch, glibc=glibc, compiler=compiler, profile=profile,
                          src_dir=src_dir)
     m = result.manifest
     doc: dict[str, Any] = {"library": str(result.library), "manifest_path": str(result.manifest_path), "build": m}
+    if sign_key is not None:
+        from ..signing import sign
+
+        doc["signature"] = str(sign(result.library, sign_key))
 
     report, skipped = (None, "drop-in check skipped (--no-check)") if no_check else _run_check(
         result.library, m["glibc_floor"], m["arch"])
@@ -83,11 +103,33 @@ def cli(out_dir: Path, arch: str | None, glibc: str, compiler: str | None,
         click.echo(f"glibc floor  {m['glibc_floor']} (max required: {_glibc(m['glibc_max_required'])})")
         click.echo(f"compiler     {m['compiler']['version']}")
         click.echo(f"manifest     {result.manifest_path}")
+        if "signature" in doc:
+            click.echo(f"signature    {doc['signature']}")
         if report is not None:
-            click.echo(importlib.import_module("vgpu_patch.elfcheck").render_table(report))
+            click.echo(importlib.import_module("vgpu_patch.elf.check").render_table(report))
     if skipped:
         click.echo(skipped, err=True)
     if report is not None and not report.ok:
         if not as_json:
             click.secho("drop-in check FAILED", fg="red", err=True)
         click.get_current_context().exit(report.exit_code or EXIT_INCOMPATIBLE)
+
+
+def _reproduce(manifest: Path, src_dir: Path | None, as_json: bool) -> None:
+    """--reproduce: the manifest decides the target, compiler and profile, so those options are refused."""
+    ctx = click.get_current_context()
+    given = [max(p.opts, key=len) for p in ctx.command.params
+             if p.name not in ("reproduce_manifest", "src_dir", "as_json") and p.name
+             and ctx.get_parameter_source(p.name) not in (None, click.core.ParameterSource.DEFAULT)]
+    if given:
+        raise click.UsageError(f"--reproduce takes the build's settings from {manifest}: drop {', '.join(given)}")
+    from ..shim_build.reproduce import reproduce
+
+    click.echo(f"rebuilding what {manifest} describes ...", err=True)
+    r = reproduce(manifest, src_dir)
+    if as_json:
+        emit_json(r.to_json())
+    else:
+        click.echo(r.line(), err=not r.ok)
+    if not r.ok:
+        ctx.exit(EXIT_FAILED)

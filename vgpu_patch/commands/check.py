@@ -51,7 +51,7 @@ def cli(ctx: click.Context, candidate: Path, vendor: Path | None, glibc: str, gl
     the x86 ISA level. Prints one line per rule (pass/warn/fail/info), or one JSON document with --json.
     """
     from ..cli_options import existing_path
-    from ..elfcheck import check_file, glibc_floor_of_libc, render_table  # keeps `--help` fast
+    from ..elf.check import check_file, glibc_floor_of_libc, render_table  # keeps `--help` fast
 
     try:
         for role, path in (("candidate", candidate), ("vendor", vendor), ("--glibc-from", glibc_from),

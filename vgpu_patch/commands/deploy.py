@@ -4,6 +4,7 @@ from __future__ import annotations
 import click
 
 from ..cli_options import (
+    allowed_signers_option,
     dry_run_option,
     emit_json,
     existing_path,
@@ -17,6 +18,7 @@ from ..deploy.cli_targets import default_operator, policy_from, progress, resolv
 from ..deploy.fleet import run_fleet, stop_requested
 from ..deploy.render import plan_listing, swap_table
 from ..deploy.swap import DEFAULT_TOOL, SwapRequest, swap
+from ..signing import verify as verify_signature
 
 EPILOG = """\b
 Examples:
@@ -24,6 +26,7 @@ Examples:
   vgpu-patch deploy --host admin@gpu-node-1 out/libvgpu.so
   vgpu-patch deploy -I hosts.ini --limit 'gpu:&zone_a' --batch 1,10%,50% --max-fail 5% out/libvgpu.so
   vgpu-patch deploy --host gpu-node-1 --dry-run --json out/libvgpu.so   # the exact commands per node
+  vgpu-patch deploy --allowed-signers ~/allowed_signers --host gpu-node-1 out/libvgpu.so  # signed only
 \b
 Exit codes: 0 every node runs FILE's sha256; 1 failed (or --dry-run with changes pending);
 2 usage error (also a FILE that does not exist); 3 some nodes succeeded, some failed or were skipped.
@@ -42,11 +45,12 @@ Exit codes: 0 every node runs FILE's sha256; 1 failed (or --dry-run with changes
               help="Refuse FILE unless its sha256 is this (FILE is also checked against its build manifest "
                    "FILE.json when one is next to it).")
 @click.option("--operator", default=None, help="Who to record in the node's history [default: user@this-host].")
+@allowed_signers_option
 @stale_option
 @dry_run_option
 @json_option
-def cli(file: str, install: bool, check: bool, expect_sha256: str | None, operator: str | None, stale: bool,
-        dry_run: bool, as_json: bool, parallel: int, **kw: object) -> None:
+def cli(file: str, install: bool, check: bool, expect_sha256: str | None, operator: str | None,
+        allowed_signers: str | None, stale: bool, dry_run: bool, as_json: bool, parallel: int, **kw: object) -> None:
     """Swap FILE in as the live libvgpu.so on every target node.
 
     Per node, in one privileged SSH session: preflight (arch, glibc, free space, sudo, which file is
@@ -56,6 +60,8 @@ def cli(file: str, install: bool, check: bool, expect_sha256: str | None, operat
     existing_path("FILE", file)
     cand = inspect(file)  # fails early, locally, on a file that is not a shared object
     verify_expected(cand, expect_sha256)
+    # before any node is reached: an unsigned, foreign-signed or changed file goes nowhere
+    signer = verify_signature(cand.path, allowed_signers) if allowed_signers else None
     targets = resolve_targets(kw)
     policy = policy_from(kw, len(targets.specs))
     req = SwapRequest(operator or default_operator(), "deploy", cand, tool=DEFAULT_TOOL, install=install, check=check,
@@ -68,11 +74,12 @@ def cli(file: str, install: bool, check: bool, expect_sha256: str | None, operat
     with progress(len(targets.specs), "deploy") as done:
         fleet = run_fleet(targets.specs, op, targets.connect, parallel=parallel, policy=policy, on_done=done)
     if as_json:
-        emit_json({"file": str(cand.path), "sha256": cand.sha256, "dry_run": dry_run, **fleet.to_dict()})
+        emit_json({"file": str(cand.path), "sha256": cand.sha256, "dry_run": dry_run,
+                   "signer": signer and {"principal": signer.principal, "key": signer.key}, **fleet.to_dict()})
     else:
-        title = f"vgpu-patch deploy {cand.path.name} ({cand.sha256[:12]})" + (" --dry-run" if dry_run else "")
+        title = f"vgpu-patch deploy {cand.path.name} ({cand.sha256[:12]})" + (f", signed by {signer}" if signer else "")
         if dry_run:
-            plan_listing(fleet, title, commands=bool(kw.get("verbose")))
+            plan_listing(fleet, title + " --dry-run", commands=bool(kw.get("verbose")))
         else:
             swap_table(fleet, title)
     raise SystemExit(fleet.exit_code(dry_run=dry_run))

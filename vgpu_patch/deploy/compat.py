@@ -42,7 +42,7 @@ _DEFAULT_CACHE = CompatCache()
 def check_against_live(t: Transport, cand: Candidate, live: LibFile | None, cache: CompatCache | None = None) -> str:
     """Raise DeployError when the check finds a blocking problem; return what was compared, in words."""
     try:
-        from ..elfcheck import check_file
+        from ..elf.check import check_file
     except ImportError:
         return "vgpu-patch check not available in this install: skipped"
     cache = cache or _DEFAULT_CACHE

@@ -6,15 +6,18 @@ A directory counts only when it holds both headers: toolkits often ship cuda.h w
 """
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 import os
 import sys
 from pathlib import Path
 
-from .errors import BuildError
+from ..errors import BuildError
 
 REQUIRED = ("cuda.h", "nvml.h")
 _WHEEL_SUBDIRS = ("cu13", "cu12")
+# the wheels that carry the headers (CUDA 13 names, then the older -cu12 ones), for the build manifest
+HEADER_WHEELS = ("nvidia-cuda-runtime", "nvidia-nvml-dev", "nvidia-cuda-runtime-cu12", "nvidia-nvml-dev-cu12")
 
 
 def _has_all(d: Path) -> bool:
@@ -64,7 +67,7 @@ def find_header_dirs(toolkits: list[Path] | None = None, wheels: list[Path] | No
     if cuda and nvml:
         return [cuda[0].resolve(), nvml[0].resolve()]
     tried = ", ".join(str(d) for d in cands) or "no candidate directories"
-    from .install import extra_hint
+    from ..install import extra_hint
 
     raise BuildError(
         "CUDA/NVML headers not found (need cuda.h and nvml.h; tried " + tried + "): "
@@ -75,3 +78,19 @@ def find_header_dirs(toolkits: list[Path] | None = None, wheels: list[Path] | No
 def header_dir() -> Path:
     """The include directory holding cuda.h (and nvml.h in every layout we know of)."""
     return find_header_dirs()[0]
+
+
+def header_packages(dirs: list[Path]) -> dict[str, str]:
+    """{wheel name: version} of the installed wheels that provide cuda.h/nvml.h in `dirs` ({} for a toolkit)."""
+    wanted = {Path(d).resolve() / h for d in dirs for h in REQUIRED}
+    out = {}
+    for name in HEADER_WHEELS:
+        try:
+            dist = importlib.metadata.distribution(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        for f in dist.files or ():
+            if f.name in REQUIRED and Path(str(dist.locate_file(f))).resolve() in wanted:
+                out[name] = dist.version
+                break
+    return out

@@ -2,11 +2,13 @@
 
 Steps: pick the toolchain (toolchain.py) and headers (headers.py) -> compile every c_src/**/*.c and
 *.S except c_src/tests/ (sorted, in parallel, from inside the source dir so paths are relative) ->
-link with a version script generated from hooks.def -> prove the ELF (elfproof.py: arch, GLIBC
+link with a version script generated from hooks.def -> prove the ELF (elf/proof.py: arch, GLIBC
 floor, exports) -> move the .so into out_dir atomically and write `libvgpu.so.json` next to it.
 
-Reproducibility: sorted inputs, `-ffile-prefix-map` for every absolute directory, SOURCE_DATE_EPOCH=0,
-a sha1 build-id over the content, and a throwaway build dir; the same inputs give the same sha256.
+Reproducibility: sorted inputs, `-ffile-prefix-map` for every absolute directory, `-Wdate-time`, no
+debug info in a release (the toolchain's own libc pieces stripped too), the link run from `/`, a sha1
+build-id over the content, and a throwaway build dir: the same inputs (the manifest records them) give
+the same sha256 whatever the build, cache or install directory. reproduce.py rebuilds from a manifest.
 """
 from __future__ import annotations
 
@@ -22,16 +24,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import __version__, elfproof, headers, manifest, toolchain
-from .digest import sha256_file
-from .errors import BuildError, UsageError
+from .. import __version__
+from ..digest import sha256_file
+from ..elf import proof
+from ..errors import BuildError, UsageError
+from ..signing import signature_path
+from . import headers, manifest, toolchain
 from .sources import HOOKS_DEF_PLACES, c_src_dir, find_hooks_def
 from .surface import exported_names
 
 SRC_DIR = c_src_dir()  # the packaged shim sources (sources.py)
 LIBRARY = "libvgpu.so"
 SONAME = "libvgpu.so"
-BASE_CFLAGS = ["-fPIC", "-fvisibility=hidden", "-Wall", "-Wextra", "-Werror", "-std=gnu11"]
+# -Wdate-time (an error under -Werror): __DATE__/__TIME__/__TIMESTAMP__ would make the bytes depend on the clock
+BASE_CFLAGS = ["-fPIC", "-fvisibility=hidden", "-Wall", "-Wextra", "-Werror", "-Wdate-time", "-std=gnu11"]
 LINK_LIBS = ["-ldl", "-lpthread"]
 LDFLAGS = ["-Wl,-z,noexecstack", "-Wl,-z,relro,-z,now", "-Wl,--build-id=sha1", f"-Wl,-soname,{SONAME}"]
 # zig cc turns on UBSan (with a runtime) for unoptimised builds; a preloaded shim must not carry it.
@@ -50,10 +56,14 @@ class Profile:
     cflags: tuple[str, ...]
     defines: tuple[str, ...] = ()
     help: str = ""
+    ldflags: tuple[str, ...] = ()
 
 
 PROFILES: dict[str, Profile] = {
-    "release": Profile("release", ("-O2", "-g0"), (), "optimised, no debug info (default)"),
+    # --strip-debug: -g0 covers our objects, not the libc pieces the toolchain links in (zig's glibc stat
+    # stubs carry DWARF naming zig's install dir and the directory they were first compiled from)
+    "release": Profile("release", ("-O2", "-g0"), (), "optimised, no debug info (default)",
+                       ("-Wl,--strip-debug",)),
     # c_src/log/log.h compiles VGPU_DEBUG(...) logging in only under VGPU_DEBUG_BUILD
     "debug": Profile("debug", ("-O0", "-g"), ("VGPU_DEBUG_BUILD=1",),
                      "no optimisation, debug info, VGPU_DEBUG logging"),
@@ -65,7 +75,7 @@ class BuildResult:
     library: Path
     manifest: dict[str, Any]
     manifest_path: Path
-    facts: elfproof.ElfFacts | None = field(default=None, repr=False)
+    facts: proof.ElfFacts | None = field(default=None, repr=False)
 
     @property
     def sha256(self) -> str:
@@ -241,14 +251,15 @@ def build_shim(
         vscript = build_dir / "exports.map"
         vscript.write_text(version_script(names))
         lib_tmp = build_dir / LIBRARY
-        ldflags = ["-shared"] + LINK_LIBS + [f"-Wl,--version-script={vscript}"] + LDFLAGS
+        ldflags = ["-shared"] + LINK_LIBS + [f"-Wl,--version-script={vscript}"] + LDFLAGS + list(prof.ldflags)
         ldflags += ZIG_LDFLAGS if tc.kind == "zig" else []
         link = tc.argv + list(tc.target_args) + list(prof.cflags) + (ZIG_CFLAGS if tc.kind == "zig" else [])
         link += ["-o", str(lib_tmp)] + [str(o) for o in objs] + ldflags
-        _run(link, cwd=src_dir, env=env, what=f"linking {LIBRARY}", log_dir=build_dir)
+        # from "/": zig compiles its libc pieces during the link, and their DWARF keeps the directory it ran in
+        _run(link, cwd=Path("/"), env=env, what=f"linking {LIBRARY}", log_dir=build_dir)
 
         machine = toolchain.ARCHES[tc.arch][0]
-        facts = elfproof.prove(lib_tmp, machine=machine, glibc=tc.glibc, exports=names)
+        facts = proof.prove(lib_tmp, machine=machine, glibc=tc.glibc, exports=names)
         digest = sha256_file(lib_tmp)
         doc: dict[str, Any] = {
             "schema": manifest.SCHEMA,
@@ -263,7 +274,7 @@ def build_shim(
             "glibc_max_required": facts.max_glibc,
             "glibc_versions": facts.glibc_versions,
             "needed": facts.needed,
-            "compiler": {"kind": tc.kind, "name": tc.name, "version": tc.version},
+            "compiler": {"kind": tc.kind, "name": tc.name, "version": tc.version, "package": tc.package},
             "profile": prof.name,
             "defines": [d[2:] for d in defines],
             "flags": {"cflags": _normalize(cflags, subs), "ldflags": _normalize(ldflags, subs)},
@@ -271,7 +282,8 @@ def build_shim(
             "source_sha256": src_sha,
             "hooks_def_sha256": hooks_sha,
             "exports": len(names),
-            "headers": {"cuda_version": _cuda_version(hdirs), "sha256": _headers_sha256(hdirs)},
+            "headers": {"cuda_version": _cuda_version(hdirs), "sha256": _headers_sha256(hdirs),
+                        "packages": headers.header_packages(hdirs)},
             "tool": f"vgpu-patch {__version__}",
         }
         out_dir.mkdir(parents=True, exist_ok=True)  # only now: a failed build leaves no empty dir
@@ -282,6 +294,9 @@ def build_shim(
             with os.fdopen(fd, "wb") as dst, open(lib_tmp, "rb") as src:
                 shutil.copyfileobj(src, dst)
             os.chmod(staged, 0o755)
+            # a signature of the previous library must not sit beside the new one (deploy would refuse
+            # it as not matching; --sign writes a fresh one)
+            signature_path(final).unlink(missing_ok=True)
             os.replace(staged, final)  # never a half-written libvgpu.so, even for a reader mid-build
         finally:
             staged.unlink(missing_ok=True)

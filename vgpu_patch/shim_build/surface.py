@@ -1,6 +1,7 @@
-"""The interposition surface: what our shim exports (hooks.def, see sources.py) and what the vendor's does.
+"""What our shim exports: hooks.def (see sources.py), parsed. The vendor's exports, which `check` compares
+with, are vgpu_patch.elf.reference.
 
-One home for both lists. `hooks.def` is the single table the C build expands (X-macro) into the
+One home for the list. `hooks.def` is the single table the C build expands (X-macro) into the
 real-pointer table, the generated pass-through trampolines and the export version script; this module
 parses the same file so Python (build, check, tests) never keeps a second copy.
 """
@@ -8,8 +9,6 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from functools import lru_cache
-from importlib import resources
 from pathlib import Path
 
 from .sources import find_hooks_def
@@ -52,27 +51,3 @@ def wrapped_variants(path: Path | None = None) -> dict[str, str]:
 def exported_names(path: Path | None = None) -> list[str]:
     """The names our shim must export, sorted."""
     return sorted(h.name for h in parse_hooks(path))
-
-
-@dataclass(frozen=True)
-class ReferenceSurface:
-    surface: frozenset[str]  # entry points applications reach through the preload
-    internal: frozenset[str]  # helpers the vendor build leaks; a replacement must not export them
-
-
-@lru_cache(maxsize=1)
-def reference_surface() -> ReferenceSurface:
-    """The vendor build's exports, from the bundled data/vendor-exports.txt."""
-    text = resources.files("vgpu_patch").joinpath("data/vendor-exports.txt").read_text()
-    sections: dict[str, set[str]] = {"surface": set(), "internal": set()}
-    current = None
-    for raw in text.splitlines():
-        line = raw.strip()
-        if not line or line.startswith("#"):
-            continue
-        if line.startswith("[") and line.endswith("]"):
-            current = line[1:-1]
-            continue
-        if current in sections:
-            sections[current].add(line)
-    return ReferenceSurface(frozenset(sections["surface"]), frozenset(sections["internal"]))

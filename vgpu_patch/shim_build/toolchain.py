@@ -6,6 +6,8 @@ glibc: fine when the host is at or below the floor, otherwise the ELF proof in b
 """
 from __future__ import annotations
 
+import contextlib
+import importlib.metadata
 import importlib.util
 import os
 import platform
@@ -16,7 +18,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import BuildError, UsageError
+from ..errors import BuildError, UsageError
 
 # arch name -> (e_machine name, zig target cpu, aliases gcc's -dumpmachine may print)
 ARCHES: dict[str, tuple[str, str, tuple[str, ...]]] = {
@@ -29,7 +31,7 @@ DEFAULT_FLOOR = "2.28"
 
 def build_extra() -> str:
     """The [build] extra (zig and the CUDA/NVML headers), with the pip command that works for this install."""
-    from .install import extra_hint
+    from ..install import extra_hint
 
     return extra_hint("build")
 
@@ -91,6 +93,7 @@ class Toolchain:
     # (directory, stand-in) pairs for -ffile-prefix-map: install paths must not reach debug info
     path_maps: list[tuple[str, str]] = field(default_factory=list)
     triple: str = ""  # gcc's -dumpmachine (zig's target is in target_args)
+    package: str = ""  # `ziglang 0.13.0` when zig came from the wheel, for the build manifest
 
     @property
     def target(self) -> str:
@@ -103,9 +106,15 @@ class Toolchain:
         return "zig cc" if self.kind == "zig" else Path(self.argv[0]).name
 
     def env(self, build_dir: Path) -> dict[str, str]:
-        """Environment for every compiler call: fixed epoch, C locale, zig caches in known places."""
+        """Environment for every compiler call: an epoch, C locale, UTC, zig caches in known places.
+
+        SOURCE_DATE_EPOCH is the caller's when set (else 0); the build's -Wdate-time keeps it out of
+        the bytes anyway, so it is not a build input."""
         env = dict(os.environ)
-        env.update({"SOURCE_DATE_EPOCH": "0", "LC_ALL": "C", "TZ": "UTC"})
+        epoch = env.get("SOURCE_DATE_EPOCH") or "0"
+        if not epoch.isdigit():
+            raise UsageError(f"SOURCE_DATE_EPOCH={epoch!r} is not a count of seconds: unset it or give an integer")
+        env.update({"SOURCE_DATE_EPOCH": epoch, "LC_ALL": "C", "TZ": "UTC"})
         if self.kind == "zig":
             env["ZIG_GLOBAL_CACHE_DIR"] = str(zig_cache_dir())
             env["ZIG_LOCAL_CACHE_DIR"] = str(build_dir / "zig-local")
@@ -136,7 +145,11 @@ def _zig(base: list[str], arch: str, glibc: str | None) -> Toolchain:
     version = _run_version(base + ["version"])
     target = f"{ARCHES[arch][1]}-linux-gnu.{floor}"
     maps = [(lib, "/zig-lib")] if (lib := _zig_lib_dir(base)) else []
-    return Toolchain("zig", base + ["cc"], f"zig {version}", arch, floor, ["-target", target], maps)
+    package = ""
+    if base[1:] == ["-m", "ziglang"]:
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):  # importable, not a distribution
+            package = f"ziglang {importlib.metadata.version('ziglang')}"
+    return Toolchain("zig", base + ["cc"], f"zig {version}", arch, floor, ["-target", target], maps, package=package)
 
 
 def _zig_lib_dir(base: list[str]) -> str | None:

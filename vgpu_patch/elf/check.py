@@ -1,6 +1,6 @@
 """Prove from the ELF that a built shim is a safe drop-in for the vendor's libvgpu.so (issue 4).
 
-The file is read by elf/reader.py, whose work is bounded by the file's size.
+The file is read by reader.py, whose work is bounded by the file's size.
 
 `check_file(candidate, vendor=None, glibc="2.28", arch=None)` reads the candidate (and the vendor
 file, when given; else the bundled reference surface) and returns a Report with one RuleResult per
@@ -22,12 +22,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .elf.facts import ElfFacts, read_facts
-from .elf.glibc import glibc_floor_of_libc, glibc_requirements, parse_floor, requirements_of
-from .elf.report import EXIT_WARNINGS, Report, RuleResult, render_table
-from .elf.rules import Context, public_exports, run_rules, split_vendor, x86_level
-from .errors import ElfError, UsageError
-from .surface import reference_surface
+from ..errors import ElfError, UsageError
+from .facts import ElfFacts, read_facts
+from .glibc import glibc_floor_of_libc, glibc_requirements, parse_floor, requirements_of
+from .reference import reference_surface
+from .report import EXIT_WARNINGS, Report, RuleResult, render_table
+from .rules import Context, public_exports, run_rules, split_vendor, x86_level
 
 __all__ = [
     "EXIT_WARNINGS", "Report", "RuleResult", "check_file", "glibc_floor_of_libc", "glibc_requirements",

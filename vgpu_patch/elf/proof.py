@@ -1,6 +1,6 @@
 """Prove what a freshly linked shim really needs: arch, GLIBC_x.y versions, exports, stack flags.
 
-Read from the ELF itself (elf/reader.py, the reader `check` uses), never assumed from the compiler
+Read from the ELF itself (reader.py, the reader `check` uses), never assumed from the compiler
 flags: the floor a build asks for is only true when `.gnu.version_r` says so.
 """
 from __future__ import annotations
@@ -8,10 +8,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .elf import facts as elf_facts
-from .elf.glibc import release_of, requirements_of, version_key
-from .errors import BuildError
-from .install import extra_hint
+from ..errors import BuildError
+from ..install import extra_hint
+from . import facts as elf_facts
+from .glibc import release_of, requirements_of, version_key
 
 
 @dataclass

@@ -1,0 +1,51 @@
+"""The role's `vgpu_patch_allowed_signers`: checked on the controller before any upload; an unsigned,
+foreign-signed or changed candidate stops the run with no node touched; a signed one goes live. Real
+ansible-playbook, real sshd, real ssh-keygen keys."""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from fleet_helpers import Libs, Node, run_playbook, write_inventory
+from node_fixtures import sha
+from signing_keys import Key, allowed_signers, make_key, sign
+
+
+@pytest.fixture(scope="module")
+def keys(tmp_path_factory: pytest.TempPathFactory) -> tuple[Key, Key, Path]:
+    d = tmp_path_factory.mktemp("keys")
+    ours, theirs = make_key(d, "release@example.com"), make_key(d, "someone@elsewhere")
+    return ours, theirs, allowed_signers(d / "allowed_signers", ours)
+
+
+def test_only_a_library_signed_by_an_allowed_key_goes_live(nodes: list[Node], libs: Libs, tmp_path: Path,
+                                                           keys) -> None:
+    ours, theirs, allowed = keys
+    node = nodes[0]
+    shutil.copy(libs.vendor, node.libdir / "libvgpu.so")
+    inv = write_inventory([node], tmp_path / "inv.ini")
+    cand = tmp_path / "out" / "libvgpu.so"
+    cand.parent.mkdir()
+    shutil.copy(libs.v2, cand)
+    extra = {"vgpu_patch_library": str(cand), "vgpu_patch_allowed_signers": str(allowed)}
+
+    def refused(words: str) -> None:
+        run = run_playbook("deploy.yml", inv, extra)
+        assert run.rc != 0 and words in run.output and "refused, no node was touched" in run.output, run.output
+        assert sha(node.libdir / "libvgpu.so") == sha(libs.vendor) and not node.state.exists()
+
+    refused(f"{cand}: unsigned (no libvgpu.so.sig beside it)")
+    sign(cand, theirs)
+    refused(f"libvgpu.so.sig is not a signature by a key {allowed} allows")
+    sign(cand, ours)
+    with open(cand, "ab") as f:
+        f.write(b"\0")
+    refused("libvgpu.so.sig by release@example.com does not match the file")
+
+    shutil.copy(libs.v2, cand)
+    sign(cand, ours)
+    run = run_playbook("deploy.yml", inv, extra)
+    assert run.rc == 0, run.output
+    assert f"{cand} signed by release@example.com" in run.output
+    assert sha(node.libdir / "libvgpu.so") == sha(libs.v2)
