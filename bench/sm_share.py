@@ -4,7 +4,7 @@ container its own region) beside bare time-slicing and MPS (CUDA_MPS_ACTIVE_THRE
 a long-kernel (about 2.2 ms) and a short-kernel (about 29 us) compute-bound loop. Each figure is a
 container's kernels per second over one bare process alone.
 
-    python3 bench/sm_share.py [--seconds 3] [--no-mps] [--json OUT]
+    python3 bench/sm_share.py [--seconds 3] [--no-mps] [--kernels long|short|both] [--json OUT]
 """
 from __future__ import annotations
 
@@ -48,6 +48,7 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=3.0)
     ap.add_argument("--no-mps", action="store_true")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--kernels", choices=["long", "short", "both"], default="both")
     args = ap.parse_args()
     table = []
     with tempfile.TemporaryDirectory() as d:
@@ -58,6 +59,8 @@ def main() -> None:
         shim = build_shim(tmp / "shim", compiler="gcc", glibc=None).library
         runner = ShareRunner(exe, shim, tmp, args.seconds)
         for iters, size in ((LONG_ITERS, "long"), (SHORT_ITERS, "short")):
+            if args.kernels not in (size, "both"):
+                continue
             print(f"== {size} kernels (SPIN_ITERS={iters}): bare {runner.bare(iters):.1f} kernels/s", flush=True)
             rows = [(n, c, "shim") for n, c in ROWS] + [(n, c, "bare") for n, c in BARE]
             for name, cs, how in rows:

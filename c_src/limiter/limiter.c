@@ -463,12 +463,15 @@ static void do_before(struct dev_state *st, vgpu_ledger_t *b, int dev, int pct, 
 
 static int states_ready;
 
-/* one more launch queued: on the board, we are busy until the queue should have drained */
-static void queued(struct dev_state *st, int dev)
+/* one more launch queued: on the board, we are busy until the queue should have drained. Counted at
+ * our own time per launch, not the stretched one: if anything, a neighbour sees us idle too early and
+ * charges itself more, never less (a wait in cuCtxSynchronize keeps the mark meanwhile anyway) */
+static void queued(struct dev_state *st, int dev, int graph)
 {
-    long long now = now_ns(), end = __atomic_load_n(&st->queue_end, __ATOMIC_RELAXED);
+    long long now = now_ns(), end = __atomic_load_n(&st->queue_end, __ATOMIC_RELAXED),
+              own = __atomic_load_n(&st->est_ns[graph], __ATOMIC_RELAXED);
 
-    end = (end > now ? end : now) + __atomic_load_n(&st->held_ns, __ATOMIC_RELAXED);
+    end = (end > now ? end : now) + (own > 0 ? own : __atomic_load_n(&st->held_ns, __ATOMIC_RELAXED));
     __atomic_store_n(&st->queue_end, end, __ATOMIC_RELAXED);
     vgpu_board_until(dev, end);
 }
@@ -488,7 +491,7 @@ static void throttle(CUstream stream, int dev, int pct, int graph, uint64_t sig)
     }
     st = &dev_state[dev];
     b = vgpu_bucket_of(dev);
-    queued(st, dev);
+    queued(st, dev, graph);
     est = __atomic_load_n(&st->est_ns[graph], __ATOMIC_RELAXED);
     rate = __atomic_load_n(&st->others, __ATOMIC_RELAXED) ? SAMPLE_SHARED : SAMPLE;
     measure = est < 0 || !st->ready || (next_rand() & (rate - 1)) == 0;

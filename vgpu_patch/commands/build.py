@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from ..cli_options import emit_json, json_option
+from ..cli_options import emit_json, existing_path, json_option
 from ..errors import EXIT_FAILED, EXIT_INCOMPATIBLE
 from ..shim_build.build import PROFILES, build_shim
 from ..shim_build.toolchain import ARCHES, DEFAULT_FLOOR, FLOORS
@@ -61,11 +61,11 @@ def _run_check(library: Path, glibc: str, arch: str) -> tuple[Any | None, str | 
 @click.option("--src", "src_dir", type=click.Path(file_okay=False, exists=True, path_type=Path), default=None,
               help="Shim source tree [default: the package's c_src].")
 @click.option("--no-check", is_flag=True, help="Skip the drop-in check after building.")
-@click.option("--sign", "sign_key", type=click.Path(dir_okay=False, exists=True, path_type=Path), default=None,
+@click.option("--sign", "sign_key", type=click.Path(dir_okay=False, path_type=Path), default=None,
               metavar="KEY",
               help="Sign the library with this OpenSSH key (ssh-keygen -Y sign, namespace vgpu-patch; a public "
                    "key works when ssh-agent holds its private half) into libvgpu.so.sig.")
-@click.option("--reproduce", "reproduce_manifest", type=click.Path(dir_okay=False, exists=True, path_type=Path),
+@click.option("--reproduce", "reproduce_manifest", type=click.Path(dir_okay=False, path_type=Path),
               default=None, metavar="MANIFEST",
               help="Rebuild what this build manifest (libvgpu.so.json) describes, in a temporary directory, and "
                    "compare its sha256 with the recorded one; writes nothing.")
@@ -76,6 +76,8 @@ def cli(out_dir: Path, arch: str | None, glibc: str, compiler: str | None, profi
 
     Example: vgpu-patch build -o out/ --glibc 2.28
     """
+    existing_path("signing key", sign_key)
+    existing_path("manifest", reproduce_manifest)
     if reproduce_manifest is not None:
         _reproduce(reproduce_manifest, src_dir, as_json)
         return

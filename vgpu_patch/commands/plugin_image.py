@@ -5,7 +5,7 @@ from pathlib import Path
 
 import click
 
-from ..cli_options import dry_run_option, emit_json, json_option
+from ..cli_options import dry_run_option, emit_json, existing_path, json_option
 
 EPILOG = """\b
 Examples:
@@ -21,7 +21,7 @@ Exit codes: 0 built (or --dry-run printed); 1 refused library, no builder, or th
 
 @click.command("plugin-image", epilog=EPILOG)
 @click.option("--from", "base", required=True, metavar="IMAGE", help="Your HAMi device-plugin image reference.")
-@click.option("--library", type=click.Path(exists=True, dir_okay=False, path_type=Path), required=True,
+@click.option("--library", type=click.Path(dir_okay=False, path_type=Path), required=True,
               help="The built libvgpu.so (its build manifest LIBRARY.json must be beside it).")
 @click.option("--tag", default=None, help="The new image's reference [default: IMAGE's tag + -vgpu-patch-<version>].")
 @click.option("--version", "version", default=None, metavar="VERSION",
@@ -40,6 +40,7 @@ def cli(base: str, library: Path, tag: str | None, version: str | None, builder:
     from ..agent.image import default_manifest, verify_image
     from ..plugin_image import CONTAINERFILE, Plan, build, default_tag, pick_builder, read_version
 
+    existing_path("library", library)
     lib = verify_image(library)  # our build, exactly what its manifest names
     ours = lib.version or "foreign"
     plan = Plan(base, tag or default_tag(base, ours), version, pick_builder(builder, for_display=dry_run),
