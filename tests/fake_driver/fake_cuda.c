@@ -1394,24 +1394,25 @@ EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDe
 }
 
 /* synchronizing trims the device's pools to their release thresholds, as the real driver does */
-EXPORT CUresult cuStreamSynchronize(CUstream s)
+static CUresult stream_sync(CUstream s)
 {
     CUcontext c;
     CUresult rc;
-    COUNT(cuStreamSynchronize);
     if ((rc = stream_ctx(s, &c)) == CUDA_SUCCESS)
         trim_device(c->dev);
     return rc;
 }
 
+EXPORT CUresult cuStreamSynchronize(CUstream s)
+{
+    COUNT(cuStreamSynchronize);
+    return stream_sync(s);
+}
+
 EXPORT CUresult cuStreamSynchronize_ptsz(CUstream s)
 {
-    CUcontext c;
-    CUresult rc;
     COUNT(cuStreamSynchronize_ptsz);
-    if ((rc = stream_ctx(s, &c)) == CUDA_SUCCESS)
-        trim_device(c->dev);
-    return rc;
+    return stream_sync(s);
 }
 
 EXPORT CUresult cuCtxSynchronize(void)
