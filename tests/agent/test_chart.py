@@ -242,7 +242,7 @@ def test_notes_say_how_to_build_push_and_use_the_image(helm: Helm) -> None:
     assert got["image"] == build[1].replace("REGISTRY", "reg.example")
 
 
-DOCS_WITH_HELM = ["README.md", "docs/fleet.md", "charts/vgpu-patch-agent/README.md"]
+DOCS_WITH_HELM = ["README.md", "docs/fleet.md", "charts/vgpu-patch-agent/README.md", "docs/signing.md"]
 
 
 @pytest.mark.parametrize("doc", DOCS_WITH_HELM)

@@ -136,9 +136,13 @@ def test_dockerfile_matches_the_agent() -> None:
     assert base and re.search(r"^FROM \$\{BASE_IMAGE\}$", text, re.M)
     # pinned by a real digest (64 hex digits), never a bare tag
     assert re.fullmatch(r"docker\.io/library/python:3\.11[.\d]*-slim-bookworm@sha256:[0-9a-f]{64}", base.group(1))
-    copy = re.search(r"^COPY out/libvgpu\.so out/(\S+) (\S+)$", text, re.M)
-    assert copy and copy.group(2).rstrip("/") == IMAGE_LIB_DIR
-    assert copy.group(1) == default_manifest(Path("libvgpu.so")).name  # the manifest the agent reads
+    copy = re.search(r"^COPY out/libvgpu\.so\* (\S+)$", text, re.M)
+    assert copy and copy.group(1).rstrip("/") == IMAGE_LIB_DIR
+    manifest = default_manifest(Path("libvgpu.so")).name  # the manifest the agent reads: the build needs it
+    assert f"RUN test -f {IMAGE_LIB_DIR}/{manifest} &&" in text
+    # the build context holds exactly the library, its manifest and its signature (agent --allowed-signers)
+    admitted = {ln[1:] for ln in (REPO / ".dockerignore").read_text().splitlines() if ln.startswith("!out/libvgpu")}
+    assert admitted == {"out/libvgpu.so", f"out/{manifest}", "out/libvgpu.so.sig"}
     assert 'ENTRYPOINT ["vgpu-patch", "agent"]' in text
     # the core install, pinned, offline, checked; and every subcommand's --help runs in the image
     # the tool without its dependencies, then the agent's pins (no paramiko), offline, checked
