@@ -175,3 +175,15 @@ def test_a_signed_deploy_over_ssh_keeps_the_signature_in_the_same_session(sshd_r
     assert p.returncode == 0, p.stderr
     st = json.loads(p.stdout)["nodes"][0]["result"]
     assert st["sha256"] == sha(cand) and st["signer"]["principal"] == "release@example.com"
+
+
+def test_a_signature_the_node_cannot_keep_refuses_the_swap_before_the_rename(case, keys, libs) -> None:
+    root, d, cand = case
+    sign(cand, keys[0])
+    (d / ".vgpu-patch").mkdir()
+    (d / ".vgpu-patch" / "signatures").write_text("in the way\n")  # not a directory: nothing can be kept in it
+    p = vgpu("deploy", "--no-check", "--local", str(root), "--allowed-signers", str(keys[2]), str(cand))
+    out = " ".join(p.stdout.split())  # the fleet table names the node's one-line reason
+    assert p.returncode == 1 and "cannot create" in out and "signatures" in out, p
+    assert sha(d / "libvgpu.so") == sha(libs["vendor"])  # the old file stays live, nothing recorded
+    assert not (d / ".vgpu-patch" / "history.jsonl").exists()
