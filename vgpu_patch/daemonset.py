@@ -27,6 +27,8 @@ HOST_ROOT = "/host"
 STATUS_DIR = "/run/vgpu-patch"
 STATUS_FILE = f"{STATUS_DIR}/agent.json"
 READY_FILE = f"{STATUS_DIR}/ready"
+SIGNERS_DIR = "/etc/vgpu-patch"  # the allowed-signers ConfigMap, mounted read-only
+SIGNERS_FILE = f"{SIGNERS_DIR}/allowed_signers"
 APP = "vgpu-patch-agent"
 SYSTEM_NAMESPACE = "kube-system"  # the only namespace admitting system-* priority classes by default
 _LABEL_KEY = re.compile(r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
@@ -34,6 +36,7 @@ _LABEL_KEY = re.compile(r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[
 _LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+_CONFIGMAP_KEY = re.compile(r"^[-._a-zA-Z0-9]{1,253}$")
 _EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
 DEFAULT_NODE_SELECTOR = {"gpu": "on"}  # HAMi's GPU node label
@@ -98,6 +101,25 @@ class ImageRef:
 
 
 @dataclass
+class AllowedSigners:
+    """The allowed-signers file the agent checks the image's library against (docs/signing.md): a key of a
+    ConfigMap in the agent's namespace, mounted read-only. No ConfigMap: the agent checks no signature."""
+
+    config_map: str | None = None
+    key: str = "allowed_signers"
+
+    def check(self) -> None:
+        if self.config_map is not None and not _DNS_SUBDOMAIN.fullmatch(self.config_map):
+            raise UsageError(f"--allowed-signers-configmap {self.config_map!r}: not a valid ConfigMap name")
+        if not _CONFIGMAP_KEY.fullmatch(self.key) or self.key in (".", ".."):
+            raise UsageError(f"--allowed-signers-key {self.key!r}: not a valid ConfigMap key (letters, digits, "
+                             "'-', '_', '.')")
+
+    def values(self) -> dict[str, str | None]:
+        return {"configMap": self.config_map, "key": self.key}
+
+
+@dataclass
 class DaemonSetOptions:
     """Every knob of the manifests; the chart's values carry the same names (camelCase there, see VALUE_NAMES)."""
 
@@ -121,6 +143,7 @@ class DaemonSetOptions:
     selinux: dict[str, str] = field(default_factory=dict)  # seLinuxOptions: user, role, type, level
     host_pid: bool = True  # see the host's processes: which pods still map an old library
     rbac: bool = False  # ServiceAccount + ClusterRole: annotate the node, name the stale pods
+    allowed_signers: AllowedSigners = field(default_factory=AllowedSigners)
 
 
 # option name -> chart value name (values.yaml); one table, used by the generator and the chart test
@@ -130,7 +153,7 @@ VALUE_NAMES = {
     "cpu_request": "cpuRequest", "memory_request": "memoryRequest", "cpu_limit": "cpuLimit",
     "memory_limit": "memoryLimit", "priority_class": "priorityClassName", "tolerate_gpu_taint": "tolerateGpuTaint",
     "tolerations": "tolerations", "image_pull_secrets": "imagePullSecrets", "selinux": "seLinuxOptions",
-    "host_pid": "hostPID", "rbac": "rbac",
+    "host_pid": "hostPID", "rbac": "rbac", "allowed_signers": "allowedSigners",
 }  # namespace: the release's namespace (helm install -n)
 
 # one line per value in the generated values.yaml: the option it mirrors and what it does
@@ -157,6 +180,9 @@ VALUE_HELP = {
     "seLinuxOptions": "--selinux: container seLinuxOptions (user, role, type, level), e.g. {type: spc_t}",
     "hostPID": "--host-pid: see the host's processes (with SYS_PTRACE) to name pods still on an old library",
     "rbac": "--rbac: ServiceAccount + ClusterRole so the agent annotates its node (vgpu-patch restart-plan)",
+    "allowedSigners": "--allowed-signers-configmap NAME, --allowed-signers-key KEY: a ConfigMap (in the release's "
+                      "namespace) whose KEY is an OpenSSH allowed-signers file; the agent then installs the image's "
+                      "library only with a valid libvgpu.so.sig by one of its keys (docs/signing.md); null: no check",
 }
 
 
@@ -208,6 +234,7 @@ def priority_class(opts: DaemonSetOptions) -> str | None:
 
 def _check(opts: DaemonSetOptions) -> None:
     opts.image.check("--image")
+    opts.allowed_signers.check()
     for what, value in (("--cpu-limit", opts.cpu_limit), ("--memory-limit", opts.memory_limit),
                         ("cpu request", opts.cpu_request), ("memory request", opts.memory_request)):
         if not re.fullmatch(QUANTITY, value):
@@ -236,6 +263,8 @@ def agent_args(opts: DaemonSetOptions, *, probe: bool = False) -> list[str]:
     args = ["--library", f"{IMAGE_LIB_DIR}/libvgpu.so", "--host-root", HOST_ROOT, "--target-dir", host_dir]
     if opts.sha256:
         args += ["--sha256", opts.sha256]
+    if opts.allowed_signers.config_map:
+        args += ["--allowed-signers", SIGNERS_FILE]
     if probe:
         return ["vgpu-patch", "agent", "--probe", *args]
     args += ["--interval", f"{opts.interval:g}", "--status-file", STATUS_FILE]
@@ -329,6 +358,11 @@ def render(opts: DaemonSetOptions) -> dict[str, Any]:
             {"name": "status", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}},
         ],
     }
+    if opts.allowed_signers.config_map:
+        signers = opts.allowed_signers
+        container["volumeMounts"].append({"name": "allowed-signers", "mountPath": SIGNERS_DIR, "readOnly": True})
+        pod_spec["volumes"].append({"name": "allowed-signers", "configMap": {
+            "name": signers.config_map, "items": [{"key": signers.key, "path": SIGNERS_FILE.rsplit("/", 1)[1]}]}})
     if opts.rbac:
         pod_spec["serviceAccountName"] = opts.name
     if opts.image_pull_secrets:
@@ -407,6 +441,7 @@ def chart_values(opts: DaemonSetOptions | None = None) -> dict[str, Any]:
     d = asdict(opts)
     values = {VALUE_NAMES[k]: d[k] for k in VALUE_NAMES}
     values["image"] = opts.image.values()
+    values["allowedSigners"] = opts.allowed_signers.values()
     if values["nodeSelector"] == DEFAULT_NODE_SELECTOR:
         values["nodeSelector"] = None
     return values
@@ -422,8 +457,8 @@ def values_schema() -> dict[str, Any]:
         if f.name not in VALUE_NAMES:
             continue
         t = str(f.type)
-        if t == "ImageRef":
-            continue  # an object of its own, below
+        if t in ("ImageRef", "AllowedSigners"):
+            continue  # objects of their own, below
         if t.startswith("dict"):
             schema: dict[str, Any] = {"type": "object", "additionalProperties": {"type": "string"}}
         elif t.startswith("list[dict"):
@@ -439,6 +474,9 @@ def values_schema() -> dict[str, Any]:
         "repository": {"type": "string", "pattern": _REPOSITORY},
         "tag": {"type": "string", "pattern": f"^$|{_TAG}"},
         "pullPolicy": {"enum": list(PULL_POLICIES)}}}
+    props["allowedSigners"] = {"type": "object", "additionalProperties": False, "properties": {
+        "configMap": {"type": ["string", "null"], "pattern": _DNS_SUBDOMAIN.pattern},
+        "key": {"type": "string", "pattern": _CONFIGMAP_KEY.pattern}}}
     # names pasted into the pod spec: a pattern (no newline, no YAML) besides the templates' quoting
     props["fullnameOverride"] = {"type": "string", "pattern": _DNS_LABEL.pattern}
     props["priorityClassName"] = {"type": ["string", "null"], "pattern": f"^(auto|{_DNS_SUBDOMAIN.pattern[1:-1]})?$"}

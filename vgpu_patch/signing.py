@@ -29,6 +29,28 @@ class Signer:
     def __str__(self) -> str:
         return f"{self.principal} ({self.key})"
 
+    def to_dict(self) -> dict[str, str]:
+        """As `deploy --json`, the history and the node's signature records write it."""
+        return {"principal": self.principal, "key": self.key}
+
+
+@dataclass(frozen=True)
+class Signature:
+    """A verified signature as a node keeps it beside its backups: who signed, and the `.sig` itself."""
+
+    signer: Signer
+    text: str  # the armored SSHSIG, as ssh-keygen wrote it
+
+
+def verified(library: Path | str, allowed_signers: Path | str) -> Signature:
+    """`verify`, with the signature's text read first: what is kept on the node is what was checked."""
+    sig = signature_path(library)
+    before = sig.read_bytes() if sig.is_file() else b""
+    signer = verify(library, allowed_signers)
+    if sig.read_bytes() != before:
+        raise SignatureError(f"{sig}: changed while it was being checked; rerun (nothing was changed)")
+    return Signature(signer, before.decode(errors="replace").strip())
+
 
 def signature_path(library: Path | str) -> Path:
     """Where a library's signature lives: `<library>.sig` beside it."""

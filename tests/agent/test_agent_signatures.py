@@ -55,6 +55,19 @@ def test_a_signed_image_goes_live_and_rollback_needs_no_signature(image: Image, 
     assert p.returncode == 0, p.stderr
     assert "signed by release@example.com (SHA256:" in p.stderr
     assert sha(host.live) == image.sha256
+    # the host keeps the .sig by the library's sha256; the status file names the live file's signer
+    kept = host.state / "signatures" / f"{image.sha256}.sig"
+    assert kept.read_bytes() == image.library.with_name("libvgpu.so.sig").read_bytes()
+    signer = json.loads((host.root.parent / "agent.json").read_text())["live_signer"]
+    assert signer["principal"] == "release@example.com" and signer["key"].startswith("SHA256:")
+    p = agent(image, host, None, "--once", "--json")  # a later check without --allowed-signers reads it back
+    assert p.returncode == 0 and json.loads(p.stdout)["live_signer"] == signer, p.stderr
+    from vgpu_patch.agent.metrics import render
+    from vgpu_patch.agent.status import AgentStatus
+
+    metrics = render(AgentStatus("n", str(image.library), image.sha256, "/usr/local/vgpu", live_signer=signer))
+    assert 'live_signer="release@example.com"' in metrics
+    assert 'live_signer=""' in render(AgentStatus("n", str(image.library), image.sha256, "/usr/local/vgpu"))
     image.library.with_name("libvgpu.so.sig").unlink()  # the rollback does not look at the image's signature
     p = agent(image, host, keys[2], "--rollback")
     assert p.returncode == 0, p.stderr

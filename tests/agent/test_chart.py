@@ -16,6 +16,7 @@ from helm_bin import Helm
 
 from vgpu_patch import __version__
 from vgpu_patch.daemonset import (
+    AllowedSigners,
     DaemonSetOptions,
     ImageRef,
     chart_files,
@@ -42,6 +43,9 @@ CASES: dict[str, DaemonSetOptions] = {
         image_pull_secrets=["regcred", "mirror"], selinux={"type": "spc_t", "level": "s0"}, max_unavailable="25%",
         host_dir="/srv/vgpu/", tolerate_gpu_taint=False, interval=2.5, cpu_limit="500m", memory_limit="256Mi"),
     "no-priority-empty-selector": DaemonSetOptions(priority_class=None, node_selector={}),
+    "allowed-signers": DaemonSetOptions(allowed_signers=AllowedSigners("release-keys")),
+    "allowed-signers-key-no-metrics": DaemonSetOptions(
+        metrics_port=None, namespace="gpu-ops", allowed_signers=AllowedSigners("ops.signers", "keys.txt")),
 }
 
 
@@ -133,6 +137,9 @@ def test_helm_lint_strict(case: str, helm: Helm, tmp_path: Path) -> None:
     ("cpuRequest=-1", "at '/cpuRequest'"),
     ("fullnameOverride=Agent_1", "at '/fullnameOverride'"),
     ("priorityClassName=gpu agents", "at '/priorityClassName'"),
+    ("allowedSigners.configMap=Release_Keys", "at '/allowedSigners/configMap'"),
+    ("allowedSigners.key=a/b", "at '/allowedSigners/key'"),
+    ("allowedSigners=keys", "at '/allowedSigners': got string, want object"),
 ])
 def test_helm_enforces_the_values_schema(setting: str, complaint: str, helm: Helm) -> None:
     """values.schema.json is checked by helm itself, before any template runs."""
@@ -177,6 +184,16 @@ def test_a_node_selector_replaces_the_default_one(helm: Helm) -> None:
     assert got["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
     assert pod_spec(helm.template(CHART, "--set", "nodeSelector=null"))["nodeSelector"] == {"gpu": "on"}
     assert pod_spec(helm.template(CHART, "--set-json", "nodeSelector={}"))["nodeSelector"] == {}
+
+
+def test_set_allowed_signers_like_the_cli(helm: Helm) -> None:
+    """`--set allowedSigners.configMap=NAME` mounts the ConfigMap and passes --allowed-signers, as the CLI's
+    `--allowed-signers-configmap NAME` does."""
+    got = helm.template(CHART, "-n", "kube-system", "--set", "allowedSigners.configMap=release-keys")
+    assert got == render_all(DaemonSetOptions(allowed_signers=AllowedSigners("release-keys")))
+    (container,) = pod_spec(got)["containers"]
+    assert "/etc/vgpu-patch/allowed_signers" in container["args"]
+    assert {"name": "allowed-signers", "mountPath": "/etc/vgpu-patch", "readOnly": True} in container["volumeMounts"]
 
 
 def test_set_image_parts_like_hamis_chart(helm: Helm) -> None:
@@ -225,7 +242,7 @@ def test_notes_say_how_to_build_push_and_use_the_image(helm: Helm) -> None:
     assert got["image"] == build[1].replace("REGISTRY", "reg.example")
 
 
-DOCS_WITH_HELM = ["README.md", "docs/fleet.md", "charts/vgpu-patch-agent/README.md"]
+DOCS_WITH_HELM = ["README.md", "docs/fleet.md", "charts/vgpu-patch-agent/README.md", "docs/signing.md"]
 
 
 @pytest.mark.parametrize("doc", DOCS_WITH_HELM)

@@ -136,9 +136,13 @@ def test_dockerfile_matches_the_agent() -> None:
     assert base and re.search(r"^FROM \$\{BASE_IMAGE\}$", text, re.M)
     # pinned by a real digest (64 hex digits), never a bare tag
     assert re.fullmatch(r"docker\.io/library/python:3\.11[.\d]*-slim-bookworm@sha256:[0-9a-f]{64}", base.group(1))
-    copy = re.search(r"^COPY out/libvgpu\.so out/(\S+) (\S+)$", text, re.M)
-    assert copy and copy.group(2).rstrip("/") == IMAGE_LIB_DIR
-    assert copy.group(1) == default_manifest(Path("libvgpu.so")).name  # the manifest the agent reads
+    copy = re.search(r"^COPY out/libvgpu\.so\* (\S+)$", text, re.M)
+    assert copy and copy.group(1).rstrip("/") == IMAGE_LIB_DIR
+    manifest = default_manifest(Path("libvgpu.so")).name  # the manifest the agent reads: the build needs it
+    assert f"RUN test -f {IMAGE_LIB_DIR}/{manifest} &&" in text
+    # the build context holds exactly the library, its manifest and its signature (agent --allowed-signers)
+    admitted = {ln[1:] for ln in (REPO / ".dockerignore").read_text().splitlines() if ln.startswith("!out/libvgpu")}
+    assert admitted == {"out/libvgpu.so", f"out/{manifest}", "out/libvgpu.so.sig"}
     assert 'ENTRYPOINT ["vgpu-patch", "agent"]' in text
     # the core install, pinned, offline, checked; and every subcommand's --help runs in the image
     # the tool without its dependencies, then the agent's pins (no paramiko), offline, checked
@@ -239,3 +243,29 @@ def test_the_rendered_args_run_the_agent(argv: list[str], image: Image, host: Ho
     assert doc["ready"] and doc["api"] == "off" and doc["stale_scanned"] == ("--no-host-pid" not in argv)
     assert Path(READY_FILE) == Path(STATUS_FILE).with_name("ready")  # the exec probe's file is the agent's marker
     assert status.with_name("ready").exists()
+
+
+def test_an_allowed_signers_configmap_is_mounted_read_only_and_passed_to_the_agent() -> None:
+    doc = render("--allowed-signers-configmap", "release-keys", "--allowed-signers-key", "keys.txt")
+    validate(doc)
+    pod = doc["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    i = c["args"].index("--allowed-signers")
+    assert c["args"][i + 1] == "/etc/vgpu-patch/allowed_signers"
+    assert {"name": "allowed-signers", "mountPath": "/etc/vgpu-patch", "readOnly": True} in c["volumeMounts"]
+    assert {"name": "allowed-signers", "configMap": {"name": "release-keys", "items": [
+        {"key": "keys.txt", "path": "allowed_signers"}]}} in pod["volumes"]
+    plain = render()["spec"]["template"]["spec"]  # without the option: no mount, no flag
+    assert "--allowed-signers" not in plain["containers"][0]["args"]
+    assert all(v["name"] != "allowed-signers" for v in plain["volumes"])
+
+
+@pytest.mark.parametrize(("args", "words"), [
+    (["--allowed-signers-configmap", "Release_Keys"], "--allowed-signers-configmap 'Release_Keys': not a valid"),
+    (["--allowed-signers-configmap", "keys", "--allowed-signers-key", "a/b"], "--allowed-signers-key 'a/b'"),
+])
+def test_a_bad_allowed_signers_configmap_or_key_is_a_usage_error(args: list[str], words: str) -> None:
+    proc = subprocess.run([sys.executable, "-m", "vgpu_patch.cli", "daemonset", *args], capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 2 and proc.stdout == "", proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and words in proc.stderr

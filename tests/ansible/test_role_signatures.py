@@ -3,6 +3,7 @@ foreign-signed or changed candidate stops the run with no node touched; a signed
 ansible-playbook, real sshd, real ssh-keygen keys."""
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -47,5 +48,12 @@ def test_only_a_library_signed_by_an_allowed_key_goes_live(nodes: list[Node], li
     sign(cand, ours)
     run = run_playbook("deploy.yml", inv, extra)
     assert run.rc == 0, run.output
-    assert f"{cand} signed by release@example.com" in run.output
+    assert f"{cand} signed by release@example.com with key SHA256:" in run.output
     assert sha(node.libdir / "libvgpu.so") == sha(libs.v2)
+    # the node keeps the .sig and its signer, as the CLI's deploy does: `vgpu-patch status` names the signer
+    kept = node.state / "signatures"
+    assert (kept / f"{sha(cand)}.sig").read_text().strip() == cand.with_name("libvgpu.so.sig").read_text().strip()
+    signer = json.loads((kept / f"{sha(cand)}.json").read_text())["signer"]
+    assert signer["principal"] == "release@example.com" and signer["key"].startswith("SHA256:")
+    history = [json.loads(line) for line in (node.state / "history.jsonl").read_text().splitlines()]
+    assert history[-1]["signer"] == signer and history[-1]["tool"] == "ansible"

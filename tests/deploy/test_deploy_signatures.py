@@ -11,8 +11,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from deploy_support import make_node, sha
+from deploy_support import NO_SUDO, make_node, sha
 from signing_keys import Key, allowed_signers, make_key, sign
+from sshd_harness import known_hosts_file
 
 
 def vgpu(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -113,3 +114,76 @@ def test_a_key_past_its_valid_before_is_refused_like_a_revoked_one(case, keys, t
     removed = tmp_path / "allowed_removed"  # revoked by deleting its line
     allowed_signers(removed, keys[1])
     assert f"which {removed} does not allow" in refused(root, cand, removed)
+
+
+def status(root: Path) -> dict:
+    p = vgpu("status", "--local", str(root), "--json")
+    assert p.returncode == 0, p.stderr
+    return json.loads(p.stdout)["nodes"][0]["result"]
+
+
+def test_the_node_keeps_the_signature_and_status_names_the_signer_until_a_rollback_to_the_vendor(
+        case, keys, libs) -> None:
+    root, d, cand = case
+    sig = sign(cand, keys[0])
+    vendor, v1 = sha(libs["vendor"]), sha(cand)
+    assert status(root)["signer"] is None  # the vendor's file: unsigned
+    p = vgpu("deploy", "--no-check", "--local", str(root), "--allowed-signers", str(keys[2]), str(cand))
+    assert p.returncode == 0, p.stderr
+    kept = d / ".vgpu-patch" / "signatures"
+    assert (kept / f"{v1}.sig").read_bytes() == sig.read_bytes()  # the .sig itself, by the library's sha256
+    record = json.loads((kept / f"{v1}.json").read_text())
+    assert record["sha256"] == v1 and record["signer"]["principal"] == "release@example.com"
+    st = status(root)
+    assert st["signer"] == record["signer"] and st["signer"]["key"].startswith("SHA256:")
+    assert st["history"][-1]["signer"] == record["signer"]  # the history's deploy record names it too
+    p = vgpu("status", "--local", str(root))
+    assert p.returncode == 0 and "release@example.com" in p.stdout, p
+    # anyone can check the kept signature by hand against the live file, as docs/signing.md shows
+    with open(d / "libvgpu.so", "rb") as f:
+        subprocess.run(["ssh-keygen", "-Y", "verify", "-f", str(keys[2]), "-I", "release@example.com", "-n",
+                        "vgpu-patch", "-s", str(kept / f"{v1}.sig")], stdin=f, check=True, capture_output=True)
+    # an unsigned deploy (no --allowed-signers) leaves an unsigned live file and no signer in its record
+    p = vgpu("deploy", "--no-check", "--local", str(root), str(libs["v2"]))
+    assert p.returncode == 0, p.stderr
+    st = status(root)
+    assert st["signer"] is None and "signer" not in st["history"][-1]
+    assert "unsigned" in vgpu("status", "--local", str(root)).stdout
+    # a rollback to the signed backup shows its signer again; one to the vendor's file shows unsigned
+    assert vgpu("rollback", "--local", str(root), "--yes").returncode == 0
+    assert status(root)["sha256"] == v1 and status(root)["signer"] == record["signer"]
+    assert vgpu("rollback", "--local", str(root), "--yes", "--to", "vendor").returncode == 0
+    st = status(root)
+    assert st["sha256"] == vendor and st["signer"] is None
+    assert sorted(p.name for p in kept.iterdir()) == [f"{v1}.json", f"{v1}.sig"]  # kept for a later rollback
+
+
+def test_a_signed_deploy_over_ssh_keeps_the_signature_in_the_same_session(sshd_root, keys, libs,
+                                                                           tmp_path: Path) -> None:
+    d = make_node(tmp_path / "n", libs["vendor"], target="vgpu")
+    for p in (tmp_path, tmp_path / "n", d):
+        p.chmod(0o755)
+    cand = tmp_path / "libvgpu.so"
+    shutil.copyfile(libs["v1"], cand)
+    sign(cand, keys[0])
+    kh = known_hosts_file([sshd_root], tmp_path / "known_hosts")
+    ssh = ["--host", sshd_root.target, "-i", str(sshd_root.key_path), "--known-hosts", str(kh), *NO_SUDO,
+           "--target-dir", str(d)]
+    p = vgpu("deploy", "--no-check", *ssh, "--allowed-signers", str(keys[2]), str(cand))
+    assert p.returncode == 0, p.stderr
+    p = vgpu("status", *ssh, "--json")
+    assert p.returncode == 0, p.stderr
+    st = json.loads(p.stdout)["nodes"][0]["result"]
+    assert st["sha256"] == sha(cand) and st["signer"]["principal"] == "release@example.com"
+
+
+def test_a_signature_the_node_cannot_keep_refuses_the_swap_before_the_rename(case, keys, libs) -> None:
+    root, d, cand = case
+    sign(cand, keys[0])
+    (d / ".vgpu-patch").mkdir()
+    (d / ".vgpu-patch" / "signatures").write_text("in the way\n")  # not a directory: nothing can be kept in it
+    p = vgpu("deploy", "--no-check", "--local", str(root), "--allowed-signers", str(keys[2]), str(cand))
+    out = " ".join(p.stdout.split())  # the fleet table names the node's one-line reason
+    assert p.returncode == 1 and "cannot create" in out and "signatures" in out, p
+    assert sha(d / "libvgpu.so") == sha(libs["vendor"])  # the old file stays live, nothing recorded
+    assert not (d / ".vgpu-patch" / "history.jsonl").exists()

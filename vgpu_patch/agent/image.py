@@ -8,8 +8,7 @@ from pathlib import Path
 
 from ..deploy.candidate import Candidate, inspect
 from ..errors import ElfError, IntegrityError, UsageError
-from ..signing import Signer
-from ..signing import verify as verify_signature
+from ..signing import Signature, verified
 
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
@@ -20,7 +19,7 @@ class ImageLibrary:
     sha256: str
     version: str | None  # from the embedded `vgpu-patch-shim <version>`, None for a foreign build
     candidate: Candidate
-    signer: Signer | None = None  # with --allowed-signers: who signed it
+    signature: Signature | None = None  # with --allowed-signers: who signed it, and the .sig the node keeps
 
 
 def default_manifest(library: Path) -> Path:
@@ -66,5 +65,5 @@ def verify_image(library: Path | str, *, sha256: str | None = None, manifest: Pa
             f"image library {library} has sha256 {cand.sha256}, but {source} expects {want}: "
             "the image is damaged or mismatched; rebuild it, nothing on the host was touched"
         )
-    signer = verify_signature(library, allowed_signers) if allowed_signers else None
-    return ImageLibrary(library, cand.sha256, cand.ours_version, cand, signer)
+    signature = verified(library, allowed_signers) if allowed_signers else None
+    return ImageLibrary(library, cand.sha256, cand.ours_version, cand, signature)

@@ -72,14 +72,14 @@ class Agent:
         self.cfg = cfg
         self.image: ImageLibrary = verify_image(cfg.library, sha256=cfg.sha256, manifest=cfg.manifest,
                                                 allowed_signers=cfg.allowed_signers)
-        if self.image.signer is not None:
-            log(f"{cfg.library}: signed by {self.image.signer}")
+        if self.image.signature is not None:
+            log(f"{cfg.library}: signed by {self.image.signature.signer}")
         self.operator = cfg.operator or default_operator()
         self.t = LocalTransport(cfg.host_root, name=self.operator.split("@", 1)[-1])
         self.dir = cfg.target_dir.rstrip("/") or "/"
         # built once: the image's library, inspected once at start, installed wherever nothing is
         self.request = SwapRequest(self.operator, "deploy", self.image.candidate, target_dir=self.dir, tool=TOOL,
-                                   install=True)
+                                   install=True, signature=self.image.signature)
         self.host_dir = Path(self.t.path(self.dir))
         self.status = AgentStatus(
             node=self.t.name, library=str(cfg.library), want_sha256=self.image.sha256, target_dir=self.dir
@@ -117,12 +117,15 @@ class Agent:
         s = self.status
         sig = self.signature()  # taken before hashing: a change after it shows up as a new signature
         did = "ok"
+        seen: list[F.NodeFacts] = []
 
         def judge(facts: F.NodeFacts, live: F.LibFile | None) -> SwapRequest | None:
             nonlocal did
             s.checks += 1
             s.last_check, s.last_check_unix = utc_now(), time.time()
             s.live_path, s.live_sha256 = (live.path, live.sha256) if live else (None, None)
+            s.live_signer = facts.signer(live.sha256) if live else None
+            seen.append(facts)
             last = F.last_change(facts.history)
             decision = decide(live.sha256 if live else None, self.image.sha256, last, startup=startup,
                               yielded=s.state == "yielded")
@@ -151,6 +154,9 @@ class Agent:
         if did in ("ok", "yielded"):
             return did
         self._record(res, did)
+        signed = self.image.signature
+        s.live_signer = (signed.signer.to_dict() if signed and res.to_sha256 == self.image.sha256
+                         else seen[0].signer(res.to_sha256) if seen else None)
         return did if res.changed else "ok"
 
     def _note_partial(self, live: F.LibFile) -> None:

@@ -72,6 +72,7 @@ def render(s: AgentStatus, now: float | None = None) -> str:
         "live_path": s.live_path or "",
         "want_sha256": s.want_sha256,
         "live_sha256": s.live_sha256 or "",
+        "live_signer": (s.live_signer or {}).get("principal", ""),  # empty: unsigned
         "api": s.api,
         "stale_scope": s.stale_scope,
     }

@@ -28,6 +28,7 @@ class AgentStatus:
     state: str = "starting"
     live_path: str | None = None
     live_sha256: str | None = None
+    live_signer: dict | None = None  # who signed the live file ({"principal", "key"}), None: unsigned
     watch: str = ""
     checks: int = 0
     deploys: int = 0

@@ -16,6 +16,9 @@ Examples:
       --sha256 "$(jq -r .sha256 out/libvgpu.so.json)" -o - | kubectl apply -f -
   # service account + RBAC (node annotations, `vgpu-patch restart-plan`), a private registry, OpenShift
   vgpu-patch daemonset --rbac --image-pull-secret regcred --toleration '*' --selinux type=spc_t
+  # only libraries signed by a key in the ConfigMap (kubectl create configmap vgpu-patch-signers \
+  #   --from-file=allowed_signers) go live (docs/signing.md)
+  vgpu-patch daemonset --allowed-signers-configmap vgpu-patch-signers
   # the Helm chart's generated files (values.yaml, values.schema.json, Chart.yaml) from the same options
   vgpu-patch daemonset --write-chart charts/vgpu-patch-agent
 
@@ -61,6 +64,12 @@ Exit codes: 0 written; 2 usage error (bad label, name, path, image reference or 
 @click.option("--rbac/--no-rbac", default=False, show_default=True,
               help="Add a ServiceAccount and a ClusterRole (nodes patch, pods list, events create) so the agent "
                    "annotates its node for `vgpu-patch restart-plan` and posts an Event when it refuses.")
+@click.option("--allowed-signers-configmap", "signers_configmap", default=None, metavar="NAME",
+              help="A ConfigMap in the namespace holding an OpenSSH allowed-signers file: mounted read-only, and the "
+                   "agent installs the image's library only with a valid libvgpu.so.sig by one of its keys "
+                   "(docs/signing.md) [default: no signature check].")
+@click.option("--allowed-signers-key", "signers_key", default="allowed_signers", show_default=True, metavar="KEY",
+              help="The ConfigMap's key that holds the file.")
 @click.option("--write-chart", type=click.Path(file_okay=False, path_type=Path), default=None, metavar="DIR",
               help="Write the Helm chart's generated files (Chart.yaml, values.yaml, values.schema.json) into DIR "
                    "and exit.")
@@ -71,7 +80,8 @@ def cli(image: str | None, image_pull_policy: str, namespace: str, name: str,
         node_selector: tuple[str, ...], host_dir: str, sha256: str | None,
         interval: float, metrics_port: int, max_unavailable: str, cpu_limit: str, memory_limit: str,
         priority_class: str, tolerations: tuple[str, ...], pull_secrets: tuple[str, ...], selinux: tuple[str, ...],
-        host_pid: bool, rbac: bool, write_chart: Path | None, output: Path, as_json: bool) -> None:
+        host_pid: bool, rbac: bool, signers_configmap: str | None, signers_key: str, write_chart: Path | None,
+        output: Path, as_json: bool) -> None:
     """Render a DaemonSet that runs `vgpu-patch agent` on every GPU node.
 
     hostPath mount of the library directory only, hostPID (to name the pods still on an old library),
@@ -82,6 +92,7 @@ def cli(image: str | None, image_pull_policy: str, namespace: str, name: str,
     With --json the manifests are printed as one JSON document (a v1 List when there are several).
     """
     from ..daemonset import (
+        AllowedSigners,
         DaemonSetOptions,
         ImageRef,
         chart_files,
@@ -108,6 +119,7 @@ def cli(image: str | None, image_pull_policy: str, namespace: str, name: str,
         cpu_limit=cpu_limit, memory_limit=memory_limit, priority_class=priority_class or None,
         tolerations=[parse_toleration(t) for t in tolerations], image_pull_secrets=list(pull_secrets),
         selinux=parse_selinux(selinux), host_pid=host_pid, rbac=rbac,
+        allowed_signers=AllowedSigners(signers_configmap or None, signers_key),
     )
     opts.image = ImageRef.parse(image, image_pull_policy) if image else ImageRef(pull_policy=image_pull_policy)
     if node_selector:

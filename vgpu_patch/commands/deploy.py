@@ -18,7 +18,7 @@ from ..deploy.cli_targets import default_operator, policy_from, progress, resolv
 from ..deploy.fleet import run_fleet, stop_requested
 from ..deploy.render import plan_listing, swap_table
 from ..deploy.swap import DEFAULT_TOOL, SwapRequest, swap
-from ..signing import verify as verify_signature
+from ..signing import verified
 
 EPILOG = """\b
 Examples:
@@ -61,11 +61,13 @@ def cli(file: str, install: bool, check: bool, expect_sha256: str | None, operat
     cand = inspect(file)  # fails early, locally, on a file that is not a shared object
     verify_expected(cand, expect_sha256)
     # before any node is reached: an unsigned, foreign-signed or changed file goes nowhere
-    signer = verify_signature(cand.path, allowed_signers) if allowed_signers else None
+    signature = verified(cand.path, allowed_signers) if allowed_signers else None
+    signer = signature.signer if signature else None
     targets = resolve_targets(kw)
     policy = policy_from(kw, len(targets.specs))
     req = SwapRequest(operator or default_operator(), "deploy", cand, tool=DEFAULT_TOOL, install=install, check=check,
-                      stale=stale, dry_run=dry_run, should_stop=stop_requested)  # once: the candidate inspected once
+                      stale=stale, dry_run=dry_run, should_stop=stop_requested,
+                      signature=signature)  # once: the candidate inspected once; its signature kept on each node
 
     def op(t, spec):
         r = swap(t, req.at(targets.dir_for(spec)))
@@ -75,7 +77,7 @@ def cli(file: str, install: bool, check: bool, expect_sha256: str | None, operat
         fleet = run_fleet(targets.specs, op, targets.connect, parallel=parallel, policy=policy, on_done=done)
     if as_json:
         emit_json({"file": str(cand.path), "sha256": cand.sha256, "dry_run": dry_run,
-                   "signer": signer and {"principal": signer.principal, "key": signer.key}, **fleet.to_dict()})
+                   "signer": signer and signer.to_dict(), **fleet.to_dict()})
     else:
         title = f"vgpu-patch deploy {cand.path.name} ({cand.sha256[:12]})" + (f", signed by {signer}" if signer else "")
         if dry_run:

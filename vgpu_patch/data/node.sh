@@ -3,7 +3,8 @@
 # Ansible role (files/node.sh is this file). So each rule here has one home. It only defines variables and
 # functions; the caller then sets the parameters and calls the steps, in this order (docs/node-state.md):
 #   probe | begin, safe_state, lock, receive or stage, verify_source, load_test, back_up, swap_in, reverify,
-#   [byte_compare], record, report.   The Ansible role: role_main deploy|rollback.   Status: print_live.
+#   [byte_compare], record, report (with a verified signature, keep_signature before swap_in).
+#   The Ansible role: role_main deploy|rollback.   Status: print_live.
 # shellcheck shell=sh
 
 # -- exit codes (the controller parses these lines: vgpu_patch/deploy/script.py) ---------------------------
@@ -30,6 +31,8 @@ ACTJ='"deploy"'     # the history action (JSON)
 OPJ='""'            # the operator (JSON)
 TOOLJ='"vgpu-patch"'  # the tool (JSON)
 STALE=0             # report: also print the processes still mapping the library
+SIG=""              # a signature of WANT the controller verified (the .sig's text): keep_signature stores it
+SIGNERJ=""          # its signer (JSON: {"principal", "key"}), recorded in the history; empty: unsigned
 PROBED_ME=""        # the uid the probe printed (the swap reuses it in the same shell)
 # -- variables: set by the steps ---------------------------------------------------------------------------
 LIB=libvgpu.so                            # the unversioned name
@@ -40,11 +43,12 @@ WHY=""; CANDS=""                           # choose_live: the evidence (or the r
 cur=""; got=""; HASH=""                    # the sha256 of what is live, of what goes live, hash_of's result
 BK=""; NEWBK=""; REC=""; FROMJ=null; CURJ=null; SIZE=0  # back_up: the backup, and what the history records
 WANTJ=null                                 # the wanted sha256 (JSON), set by begin
+NEWSIG=""                                  # keep_signature wrote a signature (made durable with the file)
 UNSAFE=""                                  # probe: the state dir is not to be read through
 NL='
 '
 TAB='	'
-# Scratch names, each used inside one function only: bad m out rc PRE keep sums code n f h p v o j, and the
+# Scratch names, each used inside one function only: bad m out rc PRE keep sums code n f h p v o j l, and the
 # choose_live helpers' _-prefixed ones.
 
 # -- helpers -------------------------------------------------------------------------------------------------
@@ -255,6 +259,16 @@ probe() {
       tr -d '\n' < "$j"; echo
     done
   fi
+  # the signatures kept per sha256 (keep_signature): one line each, read by the shell itself (no process)
+  section signatures
+  if [ -z "$UNSAFE" ]; then
+    for j in "$S"/signatures/*.json; do
+      [ -f "$j" ] || continue
+      h=${j##*/}; h=${h%.json}
+      if [ -f "$S/signatures/$h.sig" ]; then printf 'yes\t'; else printf 'no\t'; fi
+      l=""; IFS= read -r l < "$j"; printf '%s\n' "$l"
+    done
+  fi
   section history
   [ -z "$UNSAFE" ] && [ -f "$S/history.jsonl" ] && tail -n "$HISTORY" "$S/history.jsonl"
   if [ "$MAPS" = 1 ]; then section maps; maps; fi
@@ -305,7 +319,7 @@ lock() {
     mkdir "$S/lock.d" 2>/dev/null || fail "$E_LOCKED" "locked"; LOCKDIR="$S/lock.d"
   fi
   # temp files of a swap that was SIGKILLed: only a lock holder makes them, so any found now are orphans
-  rmx "$D"/.*.vgpu-patch-tmp.* "$S"/staging/*.part.* "$S"/backups/.*.tmp.*
+  rmx "$D"/.*.vgpu-patch-tmp.* "$S"/staging/*.part.* "$S"/backups/.*.tmp.* "$S"/signatures/.*.tmp.*
 }
 
 # receive SIZE: the candidate's bytes, which follow the calls on stdin, straight into the temp file beside the
@@ -383,6 +397,23 @@ back_up() {
   fi
 }
 
+# keep_signature: the verified signature of what goes live, content-addressed by its sha256 beside the backups
+# (signatures/<sha256>.sig, then .json naming the signer: a .json is shown only with its .sig), so status
+# names who signed the live file, also after a rollback to it. A later verified signature of the same bytes
+# (a re-signed build) replaces it. Under the lock, before the rename: made durable with the new file.
+keep_signature() {
+  [ -n "$SIG" ] || return 0
+  [ -d "$S/signatures" ] || mkdir "$S/signatures" || fail "$E_WRITE" "cannot create $S/signatures"
+  m="$S/signatures/.$WANT"
+  { printf '%s\n' "$SIG" > "$m.sig.tmp.$$" && mv -f "$m.sig.tmp.$$" "$S/signatures/$WANT.sig"; } \
+    || fail "$E_WRITE" "storing the signature in $S/signatures failed (disk full?)"
+  { printf '{"sha256": %s, "signer": %s, "saved_at": %s, "operator": %s, "tool": %s}\n' \
+      "$WANTJ" "$SIGNERJ" "$NOWJ" "$OPJ" "$TOOLJ" > "$m.json.tmp.$$" \
+      && mv -f "$m.json.tmp.$$" "$S/signatures/$WANT.json"; } \
+    || fail "$E_WRITE" "storing the signer in $S/signatures failed (disk full?)"
+  NEWSIG=1
+}
+
 # swap_in: the live file's mode, owner and SELinux context onto the temp file, fsync, rename, (record syncs the
 # directory). Never a cp over the live file.
 swap_in() {
@@ -400,7 +431,9 @@ swap_in() {
     chmod 0644 "$TMP"
   fi
   # the new file's bytes and a new backup's (bytes, manifest, name), before the rename
-  sync "$TMP" ${NEWBK:+"$BK"} ${NEWBK:+"$S/backups/$cur.json"} "$S/backups" 2>/dev/null || sync
+  sync "$TMP" ${NEWBK:+"$BK"} ${NEWBK:+"$S/backups/$cur.json"} "$S/backups" \
+    ${NEWSIG:+"$S/signatures/$WANT.sig"} ${NEWSIG:+"$S/signatures/$WANT.json"} ${NEWSIG:+"$S/signatures"} \
+    2>/dev/null || sync
   out=$(mv -f "$TMP" "$LIVE" 2>&1) \
     || fail "$E_WRITE" "renaming $TMP over $LIVE failed ($out; EBUSY: $LIVE is a mount point, act on the host file)"
 }
@@ -415,8 +448,8 @@ byte_compare() {
 }
 
 record() {
-  printf '{"time": %s, "action": %s, "path": %s, "from_sha256": %s, "to_sha256": %s, "operator": %s, "tool": %s}\n' \
-    "$NOWJ" "$ACTJ" "$LIVEJ" "$FROMJ" "$WANTJ" "$OPJ" "$TOOLJ" >> "$S/history.jsonl" \
+  printf '{"time": %s, "action": %s, "path": %s, "from_sha256": %s, "to_sha256": %s, "operator": %s, "tool": %s%s}\n' \
+    "$NOWJ" "$ACTJ" "$LIVEJ" "$FROMJ" "$WANTJ" "$OPJ" "$TOOLJ" "${SIGNERJ:+, \"signer\": $SIGNERJ}" >> "$S/history.jsonl" \
     || fail "$E_WRITE" "the swap is done but appending to $S/history.jsonl failed (disk full?)"
   sync "$D" "$S/history.jsonl" 2>/dev/null || sync  # the rename (directory) and the record
   # uploads orphaned by a dropped connection that could not be cleaned up then: older than an hour
@@ -444,9 +477,11 @@ report() {
 # -- the Ansible role: parameters from VGPU_* variables, the live file chosen here -----------------------
 # VGPU_DIR VGPU_ACTION (deploy|rollback) VGPU_WANT VGPU_TO VGPU_INSTALL (1: install where no library is)
 # VGPU_OPERATOR_JSON VGPU_TOOL_JSON VGPU_STALE (1: list the processes still mapping the library)
-# VGPU_PICK_PY (rollback: the rollback-stack program). deploy: the candidate comes base64-encoded on stdin.
+# VGPU_PICK_PY (rollback: the rollback-stack program). deploy: the candidate comes base64-encoded on stdin;
+# VGPU_SIGNATURE and VGPU_SIGNER_JSON: its verified signature and signer, kept by keep_signature (else unsigned).
 role_main() {
   D=$VGPU_DIR; WANT=$VGPU_WANT; OPJ=$VGPU_OPERATOR_JSON; TOOLJ=$VGPU_TOOL_JSON; ACTJ="\"$1\""
+  if [ "$1" = deploy ] && [ -n "${VGPU_SIGNATURE:-}" ]; then SIG=$VGPU_SIGNATURE; SIGNERJ=$VGPU_SIGNER_JSON; fi
   STALE=${VGPU_STALE:-0}
   [ -d "$D" ] || fail "$E_WRITE" "$D is not a directory: is HAMi installed? set vgpu_patch_target_dir"
   choose_live || fail "$E_AMBIGUOUS" "$WHY"
@@ -468,6 +503,7 @@ role_main() {
   verify_source
   load_test
   back_up
+  keep_signature
   swap_in
   reverify
   [ "$1" = rollback ] && byte_compare

@@ -64,12 +64,20 @@ class NodeFacts:
     live_name: str | None = None  # the node program's choice (a name in target_dir), None when it refused
     live_why: str = ""  # the evidence that decided it, or why it refused
     plugin_manifest: dict | None = None  # vgpu-patch-manifest.json a plugin image (plugin-image) installed
+    signatures: dict[str, dict] = field(default_factory=dict)  # sha256 -> its kept signature's record (present)
 
     def file(self, name: str) -> LibFile | None:
         return next((f for f in self.files if f.name == name), None)
 
     def backup(self, sha256: str) -> dict | None:
         return next((b for b in self.backups if b.get("sha256") == sha256 and b.get("present")), None)
+
+    def signer(self, sha256: str) -> dict | None:
+        """Who signed the file of this sha256 ({"principal", "key"}), as verified when it went live; None when
+        no signature of it is kept (the vendor's file, an unsigned deploy)."""
+        rec = self.signatures.get(sha256)
+        signer = rec.get("signer") if rec else None
+        return signer if isinstance(signer, dict) else None
 
     def stale_pids(self, live: LibFile | None) -> list[int]:
         """Processes mapping a deleted or older inode of the library: they need a restart."""
@@ -197,6 +205,11 @@ def parse(text: str, node_dir: str) -> NodeFacts:
             facts.backups.append(b)
     facts.backups.sort(key=lambda b: str(b.get("saved_at", "")))
     facts.history = _json_lines(sec.get("history", []), facts.warnings)
+    for line in sec.get("signatures", []):
+        present, _, doc = line.partition("\t")
+        for rec in _json_lines([doc], facts.warnings, "a signature record"):
+            if present == "yes" and isinstance(rec.get("sha256"), str):  # a record without its .sig: not kept
+                facts.signatures[rec["sha256"]] = rec
     state = sec.get("state") or []
     if state:
         facts.state_problem = (f"{state[0]}: refusing to read or write node state through it; remove the "

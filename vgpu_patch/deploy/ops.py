@@ -99,6 +99,9 @@ def plan_swap(
         yield Step("backup", text, "back_up")
     else:
         yield Step("backup", "nothing live to back up (new install)", "back_up")
+    if req.signature is not None and upload:
+        yield Step("record", f"keep its signature by {req.signature.signer} as {state}/signatures/"
+                   f"{want_sha}.sig", "keep_signature")
     yield Step(
         "swap",
         f"give the temp file the live file's mode and owner, fsync, rename it over {live_path}, fsync "

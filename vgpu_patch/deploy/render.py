@@ -104,19 +104,21 @@ def status_table(fleet: FleetResult) -> None:
     from rich.table import Table
 
     table = Table(title="vgpu-patch status", title_justify="left")
-    for col in ("node", "live file", "sha256", "build", "backups", "last change", "restart needed", "note"):
+    for col in ("node", "live file", "sha256", "build", "signed by", "backups", "last change", "restart needed",
+                "note"):
         table.add_column(col, overflow="fold")
     for o in fleet.outcomes:
         s = cast("NodeStatus | None", o.result)
         if s is None:
-            table.add_row(o.node, "-", "-", "-", "-", "-", "-", f"[bold red]{o.error}[/]")
+            table.add_row(o.node, "-", "-", "-", "-", "-", "-", "-", f"[bold red]{o.error}[/]")
             continue
         last = s.history[-1] if s.history else None
         last_txt = f"{last.get('action')} {last.get('time')} by {last.get('operator')}" if last else "-"
         build = f"ours {s.version}" if s.ours else ("vendor" if s.sha256 else "-")
         stale = len(s.stale_pids)
+        signed = s.signer.get("principal", "?") if s.signer else ("unsigned" if s.sha256 else "-")
         table.add_row(
-            o.node, s.path or "-", _short(s.sha256), build, str(len(s.backups)), last_txt,
+            o.node, s.path or "-", _short(s.sha256), build, str(signed), str(len(s.backups)), last_txt,
             f"[yellow]{stale} process(es)[/]" if stale else "0", s.problem or "",
         )
     _console().print(table)

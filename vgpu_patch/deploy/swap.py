@@ -9,6 +9,7 @@ happens before the rename or is a read-only re-check after it, so a failure leav
 from __future__ import annotations
 
 import contextlib
+import json
 import secrets
 import shlex
 from dataclasses import asdict, dataclass, field, replace
@@ -17,6 +18,7 @@ from typing import Callable
 
 from .. import __version__
 from ..errors import DeployError, IntegrityError, LockedError, StopRequested, UsageError, VgpuPatchError
+from ..signing import Signature
 from ..transport.base import Result, Transport, first_line
 from . import facts as F
 from . import script as S
@@ -56,6 +58,7 @@ class SwapRequest:
     dry_run: bool = False
     hooks: SwapHooks | None = None
     should_stop: Callable[[], bool] | None = None
+    signature: Signature | None = None  # the candidate's verified signature: the node keeps it (keep_signature)
 
     @property
     def node_dir(self) -> str:
@@ -109,6 +112,7 @@ class NodeStatus:
     replaced_outside: bool = False  # the live file differs from the last recorded change (copy-back?)
     delivered_by_plugin: bool = False  # the device plugin's image installed it (vgpu-patch plugin-image)
     other_files: list[str] = field(default_factory=list)  # every other libvgpu.so*: leftovers, old versions
+    signer: dict | None = None  # who signed the live file ({"principal", "key"}, verified when it was deployed)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -116,10 +120,14 @@ class NodeStatus:
 
 def _params(t: Transport, req: SwapRequest, live_path: str, want: str, *, up: str | None, src: str | None,
             updir: str | None) -> str:
-    """node.sh's parameters for one swap: real paths for the node's shell, the node's own path for the record."""
+    """node.sh's parameters for one swap: real paths for the node's shell, the node's own path for the record;
+    a candidate's verified signature travels in the same script (no extra round trip, none without one)."""
+    signed = {}
+    if req.signature is not None and req.candidate is not None:
+        signed = {"SIG": req.signature.text, "SIGNERJ": json.dumps(req.signature.signer.to_dict())}
     return S.params(D=t.path(req.node_dir), LIVE=t.path(live_path), WANT=want, UP=up or "", SRC=src or "",
                     UPDIR=updir or "", LIVEJ=S.jstr(live_path), ACTJ=S.jstr(req.action), OPJ=S.jstr(req.operator),
-                    TOOLJ=S.jstr(req.tool), STALE=1 if req.stale else 0)
+                    TOOLJ=S.jstr(req.tool), STALE=1 if req.stale else 0, **signed)
 
 
 def _raise_for(t: Transport, code: int, out: str, where: str) -> None:
@@ -479,6 +487,7 @@ def node_status(t: Transport, target_dir: str = DEFAULT_DIR, *, history: int = 5
         replaced_outside=last is not None,
         delivered_by_plugin=by_plugin,
         other_files=F.other_files(facts),
+        signer=facts.signer(live.sha256) if live else None,
     )
 
 
