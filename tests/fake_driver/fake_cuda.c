@@ -1393,13 +1393,21 @@ EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDe
     return ptr && size && desc && count ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
+/* With fake_events.c linked in and FAKE_GPU set, kernels take time on a GPU the processes share
+ * (sim_gpu.h); otherwise they take none. Weak: the plain fake driver has no such GPU. */
+void fake_gpu_launch(void) __attribute__((weak));
+void fake_gpu_drain(void) __attribute__((weak));
+
 /* synchronizing trims the device's pools to their release thresholds, as the real driver does */
 static CUresult stream_sync(CUstream s)
 {
     CUcontext c;
     CUresult rc;
-    if ((rc = stream_ctx(s, &c)) == CUDA_SUCCESS)
+    if ((rc = stream_ctx(s, &c)) == CUDA_SUCCESS) {
         trim_device(c->dev);
+        if (fake_gpu_drain)
+            fake_gpu_drain();
+    }
     return rc;
 }
 
@@ -1420,6 +1428,8 @@ EXPORT CUresult cuCtxSynchronize(void)
     COUNT(cuCtxSynchronize);
     if (!current())
         return CUDA_ERROR_INVALID_CONTEXT;
+    if (fake_gpu_drain)
+        fake_gpu_drain();
     trim_device(current()->dev);
     return CUDA_SUCCESS;
 }
@@ -1567,6 +1577,8 @@ EXPORT CUresult cuLaunchKernel(KPARAMS, void **params, void **extra)
 {
     UNUSED_K, (void)params, (void)extra;
     COUNT(cuLaunchKernel);
+    if (fake_gpu_launch)
+        fake_gpu_launch();
     return CUDA_SUCCESS;
 }
 
@@ -1574,6 +1586,8 @@ EXPORT CUresult cuLaunchKernel_ptsz(KPARAMS, void **params, void **extra)
 {
     UNUSED_K, (void)params, (void)extra;
     COUNT(cuLaunchKernel_ptsz);
+    if (fake_gpu_launch)
+        fake_gpu_launch();
     return CUDA_SUCCESS;
 }
 

@@ -3,9 +3,12 @@
  * Kernels take no time here: an event completes when it is recorded and two events are 0 ms
  * apart (so the limiter measures, but never throttles: its own cost is what is left); every call is counted:
  * fake_event_calls("cuEventRecord"), fake_event_calls("*") for all of them. */
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+
+#include "sim_gpu.h"
 
 #include <cuda.h>
 #undef cuEventElapsedTime /* cuda.h maps it to _v2 (CUDA 13); the fake has both spellings */
@@ -46,13 +49,65 @@ EXPORT unsigned long fake_event_calls(const char *name)
 
 struct CUevent_st {
     long long ns;
+    int slot; /* its row in the shared GPU's event table */
 };
 
-static long long now_ns(void)
+static long long kernel_ns = 1000000;
+static pthread_once_t gpu_once = PTHREAD_ONCE_INIT;
+static int next_slot;
+
+static void gpu_init(void)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (long long)ts.tv_sec * 1000000000ll + ts.tv_nsec;
+    const char *path = getenv("FAKE_GPU"), *us = getenv("FAKE_KERNEL_US");
+    if (us)
+        kernel_ns = atoll(us) * 1000;
+    if (path && *path)
+        gpu_open(path, 0);
+}
+
+static int gpu_on(void)
+{
+    pthread_once(&gpu_once, gpu_init);
+    return shared != 0;
+}
+
+EXPORT void fake_gpu_launch(void)
+{
+    if (!gpu_on())
+        return;
+    lock();
+    advance(now_ns());
+    me->queued += kernel_ns;
+    me->submitted += kernel_ns;
+    unlock();
+}
+
+EXPORT void fake_gpu_drain(void)
+{
+    long long left;
+    struct timespec nap = {0, 100000};
+    if (!gpu_on())
+        return;
+    for (;;) {
+        lock();
+        advance(now_ns());
+        left = me->queued;
+        unlock();
+        if (left <= 0)
+            return;
+        nanosleep(&nap, 0);
+    }
+}
+
+/* when the event completed, 0 if not yet (shared GPU only) */
+static long long gpu_event_done(CUevent e)
+{
+    long long ts;
+    lock();
+    advance(now_ns());
+    ts = me->ev[e->slot].ts;
+    unlock();
+    return ts;
 }
 
 EXPORT CUresult cuEventCreate(CUevent *e, unsigned int flags)
@@ -60,6 +115,8 @@ EXPORT CUresult cuEventCreate(CUevent *e, unsigned int flags)
     (void)flags;
     ECOUNT(cuEventCreate);
     *e = calloc(1, sizeof **e);
+    if (*e)
+        (*e)->slot = __atomic_fetch_add(&next_slot, 1, __ATOMIC_RELAXED) % SIM_EVENTS;
     return *e ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
 }
 
@@ -68,37 +125,53 @@ EXPORT CUresult cuEventRecord(CUevent e, CUstream s)
     (void)s;
     ECOUNT(cuEventRecord);
     e->ns = now_ns();
+    if (gpu_on()) {
+        lock();
+        advance(now_ns());
+        me->ev[e->slot].target = me->submitted;
+        me->ev[e->slot].ts = me->done >= me->submitted ? now_ns() : 0;
+        unlock();
+    }
     return CUDA_SUCCESS;
 }
 
 EXPORT CUresult cuEventQuery(CUevent e)
 {
-    (void)e;
     ECOUNT(cuEventQuery);
-    return CUDA_SUCCESS;
+    return !gpu_on() || gpu_event_done(e) ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
 }
 
 EXPORT CUresult cuEventSynchronize(CUevent e)
 {
-    (void)e;
+    struct timespec nap = {0, 100000};
     ECOUNT(cuEventSynchronize);
+    while (gpu_on() && !gpu_event_done(e))
+        nanosleep(&nap, 0);
+    return CUDA_SUCCESS;
+}
+
+static CUresult elapsed(float *ms, CUevent a, CUevent b)
+{
+    long long ta, tb;
+    *ms = 0;
+    if (!gpu_on())
+        return CUDA_SUCCESS;
+    if (!(ta = gpu_event_done(a)) || !(tb = gpu_event_done(b)))
+        return CUDA_ERROR_NOT_READY;
+    *ms = (float)((double)(tb - ta) / 1e6);
     return CUDA_SUCCESS;
 }
 
 EXPORT CUresult cuEventElapsedTime(float *ms, CUevent a, CUevent b)
 {
     ECOUNT(cuEventElapsedTime);
-    (void)a, (void)b;
-    *ms = 0;
-    return CUDA_SUCCESS;
+    return elapsed(ms, a, b);
 }
 
 EXPORT CUresult cuEventElapsedTime_v2(float *ms, CUevent a, CUevent b)
 {
     ECOUNT(cuEventElapsedTime_v2);
-    (void)a, (void)b;
-    *ms = 0;
-    return CUDA_SUCCESS;
+    return elapsed(ms, a, b);
 }
 
 EXPORT CUresult cuEventDestroy_v2(CUevent e)

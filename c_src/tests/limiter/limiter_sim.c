@@ -9,15 +9,10 @@
  * VGPU_SIM_REGION=find only prints which region file it would attach (found=).
  *
  * The GPU. Alone, one stream: a kernel starts when the stream is free and runs for its duration.
- * With SIM_GPU=FILE, one GPU shared by every limiter_sim process that names the same file, which
- * time-slices between them as an H200 does without MPS (measured there: a 2.18 ms kernel takes
- * 4.63 ms beside one other busy context and 6.90 ms beside two, while 29 us kernels are never
- * stretched: contexts take turns between them). SIM_GPU_MODE picks the regime:
- *   slice (default): processor sharing: while k processes have work queued, each one's work
- *     progresses at 1/k speed, so a kernel is stretched by every other busy process;
- *   serial: kernels of all processes run one at a time, in launch order, none stretched.
- * An event completes when the work its stream had queued when it was recorded is done (so the
- * limiter's start event completes when its kernel starts). */
+ * With SIM_GPU=FILE, one GPU shared by every process that names the same file, time-slicing as an H200
+ * does (tests/fake_driver/sim_gpu.h); SIM_GPU_MODE=slice (default) or serial picks the regime. An
+ * event recorded before a launch (the limiter's start event) completes when that kernel starts; one
+ * recorded after it, when the stream's work so far is done. */
 #define _GNU_SOURCE
 #include <fcntl.h>
 #include <stdio.h>
@@ -33,41 +28,11 @@
 #include "limits/limits.h"
 #include "log/log.h"
 #include "region/region.h"
+#include "../../../tests/fake_driver/sim_gpu.h" /* the GPU model, shared with the fake driver */
 
-#define SIM_PROCS 64
-#define SIM_EVENTS 128 /* the limiter's ring holds 64 pairs */
-
-struct sim_proc {
-    int pid;
-    long long queued;    /* slice: work launched and not yet done (ns of GPU time) */
-    long long done;      /* slice: work done so far */
-    long long submitted; /* slice: work launched so far */
-    long long q_end;     /* serial: when this process's stream is free */
-    struct {
-        long long target; /* done when `done` reaches it */
-        long long ts;     /* when it did; 0 = not yet */
-    } ev[SIM_EVENTS];
-};
-
-struct sim_gpu {
-    long long t;        /* slice: the time the shared state is advanced to */
-    long long gpu_free; /* serial: when the GPU is next free */
-    struct sim_proc proc[SIM_PROCS];
-};
-
-static struct sim_gpu *shared;
-static int gpu_fd = -1, serial;
-static struct sim_proc *me;
 static long long own_free_at; /* alone: our stream's end */
 static long long local_ts[SIM_EVENTS];
 static int nev, in_before, pending = -1;
-
-static long long now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (long long)ts.tv_sec * 1000000000ll + ts.tv_nsec;
-}
 
 static void sleep_until(long long t)
 {
@@ -81,95 +46,6 @@ static void sleep_until(long long t)
 static long long max_ll(long long a, long long b)
 {
     return a > b ? a : b;
-}
-
-static void lock(void)
-{
-    while (flock(gpu_fd, LOCK_EX) != 0)
-        ;
-}
-
-static void unlock(void)
-{
-    flock(gpu_fd, LOCK_UN);
-}
-
-/* slice, lock held: run the processor-sharing GPU forward to `now`, stamping events as they complete */
-static void advance(long long now)
-{
-    long long t = shared->t, least, step, per, before;
-    int i, j, k;
-
-    while (t < now) {
-        for (i = 0, k = 0, least = 0; i < SIM_PROCS; i++)
-            if (shared->proc[i].pid && shared->proc[i].queued > 0) {
-                k++;
-                if (!least || shared->proc[i].queued < least)
-                    least = shared->proc[i].queued;
-            }
-        if (!k)
-            break;
-        step = least * k < now - t ? least * k : now - t;
-        per = step / k;
-        if (per <= 0)
-            break;
-        for (i = 0; i < SIM_PROCS; i++) {
-            struct sim_proc *p = &shared->proc[i];
-            if (!p->pid || p->queued <= 0)
-                continue;
-            before = p->done;
-            p->done += per;
-            p->queued -= per;
-            for (j = 0; j < SIM_EVENTS; j++)
-                if (!p->ev[j].ts && p->ev[j].target && p->ev[j].target <= p->done)
-                    p->ev[j].ts = t + (p->ev[j].target - before) * k;
-        }
-        t += per * k;
-    }
-    shared->t = now;
-}
-
-static void leave(void)
-{
-    if (me && !serial) {
-        lock();
-        advance(now_ns());
-        me->queued = 0;
-        me->pid = 0;
-        unlock();
-    } else if (me) {
-        me->pid = 0;
-    }
-}
-
-static void gpu_open(const char *path)
-{
-    const char *mode = getenv("SIM_GPU_MODE");
-    int i;
-
-    serial = mode && !strcmp(mode, "serial");
-    gpu_fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-    if (gpu_fd < 0)
-        exit(4);
-    lock();
-    if (ftruncate(gpu_fd, sizeof *shared) != 0)
-        exit(4);
-    shared = mmap(0, sizeof *shared, PROT_READ | PROT_WRITE, MAP_SHARED, gpu_fd, 0);
-    if (shared == MAP_FAILED)
-        exit(4);
-    if (!shared->t)
-        shared->t = now_ns();
-    for (i = 0; i < SIM_PROCS && !me; i++)
-        if (!shared->proc[i].pid) {
-            me = &shared->proc[i];
-            memset(me, 0, sizeof *me);
-            me->pid = getpid();
-            me->q_end = now_ns();
-        }
-    unlock();
-    if (!me)
-        exit(4);
-    atexit(leave);
 }
 
 /* serial: our stream's end */
@@ -348,7 +224,7 @@ int main(int argc, char **argv)
         return 2;
     vgpu_log_init_from_env();
     if (gpu && *gpu)
-        gpu_open(gpu);
+        gpu_open(gpu, getenv("SIM_GPU_MODE") && !strcmp(getenv("SIM_GPU_MODE"), "serial"));
     if (getenv("VGPU_SIM_REGION") && !strcmp(getenv("VGPU_SIM_REGION"), "find")) {
         char found[4096];
         vgpu_region_choose_path(found, sizeof found);

@@ -1,0 +1,144 @@
+/* A GPU shared by processes through a file, time-slicing between them as an H200 does without MPS
+ * (measured there: a 2.18 ms kernel takes 4.63 ms beside one other busy context and 6.90 ms beside
+ * two; 29 us kernels are never stretched, contexts take turns between them). Used by the limiter's
+ * simulator (c_src/tests/limiter/limiter_sim.c) and by the fake driver's events (fake_events.c).
+ * Two regimes:
+ *   slice: processor sharing: while k processes have work queued, each one's work progresses at 1/k
+ *     speed, so a kernel is stretched by every other busy process; an event completes when the work
+ *     its process had queued when it was recorded is done;
+ *   serial: kernels of all processes run one at a time, in launch order, none stretched (the
+ *     simulator resolves its events itself).
+ * State: one row per process, the lock is a flock on the file. Header-only: each user is one file. */
+#ifndef SIM_GPU_H
+#define SIM_GPU_H
+
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+#define SIM_PROCS 64
+#define SIM_EVENTS 128 /* the limiter's ring holds 64 pairs */
+
+struct sim_proc {
+    int pid;
+    long long queued;    /* slice: work launched and not yet done (ns of GPU time) */
+    long long done;      /* slice: work done so far */
+    long long submitted; /* slice: work launched so far */
+    long long q_end;     /* serial: when this process's stream is free */
+    struct {
+        long long target; /* done when `done` reaches it */
+        long long ts;     /* when it did; 0 = not yet */
+    } ev[SIM_EVENTS];
+};
+
+struct sim_gpu {
+    long long t;        /* slice: the time the shared state is advanced to */
+    long long gpu_free; /* serial: when the GPU is next free */
+    struct sim_proc proc[SIM_PROCS];
+};
+
+static struct sim_gpu *shared;
+static int gpu_fd = -1, serial;
+static struct sim_proc *me;
+
+static long long now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long)ts.tv_sec * 1000000000ll + ts.tv_nsec;
+}
+
+static void lock(void)
+{
+    while (flock(gpu_fd, LOCK_EX) != 0)
+        ;
+}
+
+static void unlock(void)
+{
+    flock(gpu_fd, LOCK_UN);
+}
+
+/* slice, lock held: run the processor-sharing GPU forward to `now`, stamping events as they complete */
+static void advance(long long now)
+{
+    long long t = shared->t, least, step, per, before;
+    int i, j, k;
+
+    while (t < now) {
+        for (i = 0, k = 0, least = 0; i < SIM_PROCS; i++)
+            if (shared->proc[i].pid && shared->proc[i].queued > 0) {
+                k++;
+                if (!least || shared->proc[i].queued < least)
+                    least = shared->proc[i].queued;
+            }
+        if (!k)
+            break;
+        step = least * k < now - t ? least * k : now - t;
+        per = step / k;
+        if (per <= 0)
+            break;
+        for (i = 0; i < SIM_PROCS; i++) {
+            struct sim_proc *p = &shared->proc[i];
+            if (!p->pid || p->queued <= 0)
+                continue;
+            before = p->done;
+            p->done += per;
+            p->queued -= per;
+            for (j = 0; j < SIM_EVENTS; j++)
+                if (!p->ev[j].ts && p->ev[j].target && p->ev[j].target <= p->done)
+                    p->ev[j].ts = t + (p->ev[j].target - before) * k;
+        }
+        t += per * k;
+    }
+    shared->t = now;
+}
+
+static void leave(void)
+{
+    if (me && !serial) {
+        lock();
+        advance(now_ns());
+        me->queued = 0;
+        me->pid = 0;
+        unlock();
+    } else if (me) {
+        me->pid = 0;
+    }
+}
+
+static void gpu_open(const char *path, int serial_mode)
+{
+    int i;
+
+    serial = serial_mode;
+    gpu_fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (gpu_fd < 0)
+        exit(4);
+    lock();
+    if (ftruncate(gpu_fd, sizeof *shared) != 0)
+        exit(4);
+    shared = mmap(0, sizeof *shared, PROT_READ | PROT_WRITE, MAP_SHARED, gpu_fd, 0);
+    if (shared == MAP_FAILED)
+        exit(4);
+    if (!shared->t)
+        shared->t = now_ns();
+    for (i = 0; i < SIM_PROCS && !me; i++)
+        if (!shared->proc[i].pid) {
+            me = &shared->proc[i];
+            memset(me, 0, sizeof *me);
+            me->pid = getpid();
+            me->q_end = now_ns();
+        }
+    unlock();
+    if (!me)
+        exit(4);
+    atexit(leave);
+}
+
+
+#endif

@@ -1,0 +1,88 @@
+"""The SM budget through the whole shim: libvgpu.so preloaded into real processes over the fake driver,
+whose kernels take time on one GPU the processes share and time-slice (FAKE_GPU, fake_events.c and
+sim_gpu.h). The launch wrappers, the synchronise wrappers, the region's compute ledger and the node's
+activity board all take part; tests/region/test_sm_share.py covers the rows in detail."""
+from __future__ import annotations
+
+import os
+import subprocess
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from vgpu_patch.shim_build.build import header_dir
+
+LOOP = r"""
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+#include <cuda.h>
+static double now(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec + t.tv_nsec / 1e9; }
+int main(int argc, char **argv)
+{
+    CUdevice dev; CUcontext ctx; CUdeviceptr p; double t0, secs = atof(argv[1]); long n = 0;
+    if (cuInit(0) || cuDeviceGet(&dev, 0) || cuDevicePrimaryCtxRetain(&ctx, dev) || cuCtxSetCurrent(ctx) ||
+        cuMemAlloc(&p, 1 << 20)) /* the region attaches on the first allocation */
+        return 3;
+    for (t0 = now(); now() - t0 < secs;) {
+        if (cuLaunchKernel((CUfunction)1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0))
+            return 4;
+        if (++n % 8 == 0)
+            cuCtxSynchronize();
+    }
+    cuCtxSynchronize();
+    printf("%.4f\n", n * 0.002 / (now() - t0)); /* FAKE_KERNEL_US=2000: the GPU time asked for per second */
+    return 0;
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def gpu_driver(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """(the fake driver with a shared time-sliced GPU, the loop program)"""
+    out = tmp_path_factory.mktemp("fake-gpu")
+    fake = Path(__file__).resolve().parents[1] / "fake_driver"
+    common = ["gcc", "-shared", "-fPIC", "-fvisibility=hidden", "-O2", "-Wall", "-Wextra", "-Werror",
+              f"-I{header_dir()}", "-Wl,-Bsymbolic"]
+    subprocess.run(common + ["-Wl,-soname,libcuda.so.1", str(fake / "fake_cuda.c"), str(fake / "fake_events.c"),
+                             "-o", str(out / "libcuda.so.1"), "-lpthread"], check=True)
+    subprocess.run(common + ["-Wl,-soname,libnvidia-ml.so.1", str(fake / "fake_nvml.c"),
+                             "-o", str(out / "libnvidia-ml.so.1"), "-lpthread"], check=True)
+    (out / "loop.c").write_text(textwrap.dedent(LOOP))
+    subprocess.run(["gcc", "-O1", f"-I{header_dir()}", str(out / "loop.c"), "-o", str(out / "loop"),
+                    f"-L{out}", "-l:libcuda.so.1"], check=True)
+    return out, out / "loop"
+
+
+def run(gpu_driver: tuple[Path, Path], shim_path: Path, tmp: Path, containers: list[tuple[int, int]],
+        **extra: str) -> list[float]:
+    fake, loop = gpu_driver
+    (tmp / "node").mkdir(exist_ok=True)
+    procs = []
+    for c, (limit, n) in enumerate(containers):
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("CUDA_", "GPU_CORE", "VGPU_", "FAKE_"))}
+        env.update(LD_PRELOAD=str(shim_path), LD_LIBRARY_PATH=str(fake), FAKE_GPU=str(tmp / "gpu"),
+                   FAKE_KERNEL_US="2000", VGPU_NODE_DIR=str(tmp / "node"), CUDA_DEVICE_SM_LIMIT=str(limit),
+                   CUDA_DEVICE_MEMORY_SHARED_CACHE=str(tmp / f"c{c}.cache"), **extra)
+        procs += [(c, subprocess.Popen([str(loop), "2.0"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                       text=True)) for _ in range(n)]
+    shares = [0.0] * len(containers)
+    for c, p in procs:
+        out, err = p.communicate(timeout=60)
+        assert p.returncode == 0, err
+        shares[c] += float(out)
+    return shares
+
+
+def test_a_container_of_two_processes_shares_one_budget(gpu_driver: tuple[Path, Path], shim_path: Path,
+                                                        tmp_path: Path) -> None:
+    [total] = run(gpu_driver, shim_path, tmp_path, [(50, 2)])
+    assert 0.36 < total < 0.60, total
+
+
+def test_two_containers_at_50_are_not_held_to_a_quarter(gpu_driver: tuple[Path, Path], shim_path: Path,
+                                                        tmp_path: Path) -> None:
+    """Each one's kernels are stretched by the other's: charged the stretched time, each would get ~0.25."""
+    a, b = run(gpu_driver, shim_path, tmp_path, [(50, 1), (50, 1)])
+    assert a > 0.36 and b > 0.36, (a, b)
