@@ -257,6 +257,8 @@ probe() {
   fi
   section history
   [ -z "$UNSAFE" ] && [ -f "$S/history.jsonl" ] && tail -n "$HISTORY" "$S/history.jsonl"
+  section pending  # a swap's record written before its rename, removed once recorded (swap_in, record)
+  [ -z "$UNSAFE" ] && [ -f "$S/pending.json" ] && head -n 1 "$S/pending.json"
   if [ "$MAPS" = 1 ]; then section maps; maps; fi
   true
 }
@@ -399,8 +401,13 @@ swap_in() {
   else
     chmod 0644 "$TMP"
   fi
-  # the new file's bytes and a new backup's (bytes, manifest, name), before the rename
-  sync "$TMP" ${NEWBK:+"$BK"} ${NEWBK:+"$S/backups/$cur.json"} "$S/backups" 2>/dev/null || sync
+  # on record before the rename (a kill right after it must not lose the swap): the history line goes to
+  # pending.json, which record moves into the history; a pending.json left by a killed swap is settled first
+  settle
+  entry > "$S/pending.json" || fail "$E_WRITE" "writing $S/pending.json failed (disk full?); nothing changed"
+  # the new file's bytes, a new backup's (bytes, manifest, name) and the pending record, before the rename
+  sync "$TMP" ${NEWBK:+"$BK"} ${NEWBK:+"$S/backups/$cur.json"} "$S/backups" "$S/pending.json" "$S" 2>/dev/null \
+    || sync
   out=$(mv -f "$TMP" "$LIVE" 2>&1) \
     || fail "$E_WRITE" "renaming $TMP over $LIVE failed ($out; EBUSY: $LIVE is a mount point, act on the host file)"
 }
@@ -414,11 +421,30 @@ byte_compare() {
   if command -v cmp >/dev/null 2>&1; then cmp -s "$SRC" "$LIVE" || fail "$E_VERIFY" "$LIVE differs from $SRC byte for byte"; fi
 }
 
-record() {
+# entry: this swap's history line
+entry() {
   printf '{"time": %s, "action": %s, "path": %s, "from_sha256": %s, "to_sha256": %s, "operator": %s, "tool": %s}\n' \
-    "$NOWJ" "$ACTJ" "$LIVEJ" "$FROMJ" "$WANTJ" "$OPJ" "$TOOLJ" >> "$S/history.jsonl" \
+    "$NOWJ" "$ACTJ" "$LIVEJ" "$FROMJ" "$WANTJ" "$OPJ" "$TOOLJ"
+}
+
+# settle: pending.json left by a swap killed between its rename and its record: that swap happened when its
+# file is what this one found live (its to_sha256 is $cur), and goes into the history unless already there
+settle() {
+  [ -n "$cur" ] && [ -f "$S/pending.json" ] || return 0
+  p=$(head -n 1 "$S/pending.json")
+  case $p in *"\"to_sha256\": \"$cur\","*"}")  # whole (a line cut short never ends in a brace)
+    if [ "$(tail -n 1 "$S/history.jsonl" 2>/dev/null)" != "$p" ]; then
+      printf '%s\n' "$p" >> "$S/history.jsonl" || fail "$E_WRITE" "appending to $S/history.jsonl failed (disk full?)"
+    fi;;
+  esac
+}
+
+# record: the history line, then pending.json goes (a reader seeing both takes them as one swap)
+record() {
+  entry >> "$S/history.jsonl" \
     || fail "$E_WRITE" "the swap is done but appending to $S/history.jsonl failed (disk full?)"
   sync "$D" "$S/history.jsonl" 2>/dev/null || sync  # the rename (directory) and the record
+  rm -f "$S/pending.json"
   # uploads orphaned by a dropped connection that could not be cleaned up then: older than an hour
   for f in ${UPDIR:+"$UPDIR"/.vgpu-patch-upload-*}; do
     [ -e "$f" ] && command -v find >/dev/null 2>&1 \
