@@ -24,7 +24,7 @@ LIVE=""             # the live file's real path (choose_live sets it; the CLI pa
 WANT=""             # the sha256 the live file must have at the end
 UP=""               # an upload to copy in (SFTP path), removed once copied
 SRC=""              # a file on the node to copy in (rollback: the backup)
-UPDIR=""            # where uploads land: their orphans older than an hour are swept
+UPDIR=""            # where uploads land: their orphans (older than 5 minutes) are swept
 LIVEJ=null          # the live path as recorded (JSON)
 ACTJ='"deploy"'     # the history action (JSON)
 OPJ='""'            # the operator (JSON)
@@ -308,6 +308,13 @@ lock() {
   fi
   # temp files of a swap that was SIGKILLed: only a lock holder makes them, so any found now are orphans
   rmx "$D"/.*.vgpu-patch-tmp.* "$S"/staging/*.part.* "$S"/backups/.*.tmp.*
+  # uploads a dropped connection left (their swap never ran): a live one is seconds old, as its swap
+  # starts right after it; older than 5 minutes it is an orphan, whoever's it was
+  for f in ${UPDIR:+"$UPDIR"/.vgpu-patch-upload-*}; do
+    [ -e "$f" ] && command -v find >/dev/null 2>&1 \
+      && find "$UPDIR" -maxdepth 1 -name '.vgpu-patch-upload-*' -mmin +5 -exec rm -f {} + 2>/dev/null
+    break
+  done
 }
 
 # receive SIZE: the candidate's bytes, which follow the calls on stdin, straight into the temp file beside the
@@ -445,13 +452,6 @@ record() {
     || fail "$E_WRITE" "the swap is done but appending to $S/history.jsonl failed (disk full?)"
   sync "$D" "$S/history.jsonl" 2>/dev/null || sync  # the rename (directory) and the record
   rm -f "$S/pending.json"
-  # uploads orphaned by a dropped connection that could not be cleaned up then: older than an hour
-  for f in ${UPDIR:+"$UPDIR"/.vgpu-patch-upload-*}; do
-    [ -e "$f" ] && command -v find >/dev/null 2>&1 \
-      && find "$UPDIR" -maxdepth 1 -name '.vgpu-patch-upload-*' -mmin +60 -exec rm -f {} + 2>/dev/null
-    break
-  done
-  true
 }
 
 # report: the result line (what was replaced, its backup, the live inode), then with STALE=1 every process
