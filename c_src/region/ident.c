@@ -179,8 +179,9 @@ static unsigned dev_minor(uint64_t dev)
     return (unsigned)((dev & 0xff) | ((dev >> 12) & ~0xffull));
 }
 
-/* 1 when /proc/<pid>/maps shows the file (dev, ino) or `path` mapped; 0 when it shows neither;
- * -1 when it cannot be read (no /proc, another user's process): the caller must assume a user */
+/* 1 when /proc/<pid>/maps shows the file (dev, ino) or `path` (or a deleted file of that name)
+ * mapped; 0 when it shows neither; -1 when it cannot be read (no /proc, another user's process):
+ * the caller must assume a user */
 VGPU_HIDDEN int vgpu_proc_maps_file(int pid, uint64_t dev, uint64_t ino, const char *path)
 {
     char name[64], buf[8192], *line, *nl;
@@ -205,8 +206,10 @@ VGPU_HIDDEN int vgpu_proc_maps_file(int pid, uint64_t dev, uint64_t ino, const c
             *nl = 0;
             if (sscanf(line, "%*s %7s %llx %x:%x %llu %n", perms, &off, &maj, &min, &lino, &pos) >= 5) {
                 const char *p = pos > 0 ? line + pos : "";
+                size_t k = path ? strlen(path) : 0;
+                /* "<path> (deleted)": a file the region replaced (heir.c), still holding its usage */
                 if ((lino == ino && lino && maj == dev_major(dev) && min == dev_minor(dev)) ||
-                    (path && *path && *p && strcmp(p, path) == 0))
+                    (k && *p && strncmp(p, path, k) == 0 && (!p[k] || strcmp(p + k, " (deleted)") == 0)))
                     found = 1;
             }
         }

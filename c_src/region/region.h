@@ -2,6 +2,7 @@
  * process of it and by HAMi's monitor. Layers above use only this interface:
  *   shm.c   open/create/allocate/initialise/map, trust checks, the config check, exit and fork
  *   find.c  the region beside the library, for a process started with a scrubbed environment
+ *   heir.c  a file that replaces a deleted one inherits the live processes still using that one
  *   lock.c  the cross-process lock (an OFD lock on the file: dropped by the kernel if the holder
  *           dies, never inherited by a fork child, not takeable through a read-only descriptor)
  *   ident.c process identity across pid namespaces: the slot stamp and the liveness lock
@@ -43,6 +44,9 @@ VGPU_HIDDEN int vgpu_region_attach(const char *path, const vgpu_region_config_t 
 VGPU_HIDDEN void vgpu_region_choose_path(char *out, size_t n);
 /* write device_num and uuids into a region created before the driver could name its devices */
 VGPU_HIDDEN void vgpu_region_fill_devices(const vgpu_region_config_t *cfg);
+/* a file being initialised (lock held, magic not yet written) takes over the live slots of the
+ * deleted file it replaces, found through its processes' descriptors (heir.c) */
+VGPU_HIDDEN void vgpu_region_inherit(vgpu_region_t *r, int fd, const char *path);
 /* the mapping, NULL when not attached */
 VGPU_HIDDEN vgpu_region_t *vgpu_region_get(void);
 /* this process's slot (claims a fresh one in a forked child), NULL when not attached */

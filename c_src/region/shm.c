@@ -103,7 +103,7 @@ static void zero_scan(vgpu_region_t *r)
             w[i] = 0;
 }
 
-static void init_region(vgpu_region_t *r, const vgpu_region_config_t *cfg, int zeroed)
+static void init_region(vgpu_region_t *r, const vgpu_region_config_t *cfg, int zeroed, int fd, const char *path)
 {
     int d;
 
@@ -123,6 +123,7 @@ static void init_region(vgpu_region_t *r, const vgpu_region_config_t *cfg, int z
     r->utilization_switch = 1; /* throttle by default; the monitor may lift it */
     r->priority = cfg->priority;
     r->last_kernel_time = (uint64_t)time(0); /* as the vendor does, at creation */
+    vgpu_region_inherit(r, fd, path); /* a deleted predecessor's live processes (heir.c) */
     /* the magic goes last: a peer or the monitor that sees it sees everything above */
     __atomic_store_n(&r->initialized_flag, VGPU_REGION_MAGIC, __ATOMIC_RELEASE);
 }
@@ -288,7 +289,7 @@ static vgpu_region_t *create_locked(int fd, const char *path, const vgpu_region_
     if (allocate(fd, path, fresh) != 0 || !(r = map_file(fd, path)))
         return 0;
     if (!has_magic(r)) /* an exact-size file without the magic: its creator died mid-initialisation */
-        init_region(r, cfg, fresh);
+        init_region(r, cfg, fresh, fd, path);
     return r;
 }
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from deploy_support import IS_ROOT, leftovers, make_node, sha
 
-from vgpu_patch.deploy.swap import deploy_file, node_status, rollback
+from vgpu_patch.deploy.swap import SwapHooks, deploy_file, node_status, rollback
 from vgpu_patch.errors import DeployError
 from vgpu_patch.transport.local import LocalTransport, resolve_in_root
 
@@ -157,3 +157,47 @@ def test_ld_so_preload_symlink_is_never_read(tmp_path: Path, libs) -> None:
     (d / "ld.so.preload").symlink_to(secret)
     r = deploy_file(t, libs["v1"], DIR, operator="a")  # read, the line would refuse the deploy
     assert r.changed and "secret" not in json.dumps(r.to_dict())
+
+
+class _SftpLink(LocalTransport):
+    """The SFTP fallback (no one-session stream, as where sudo needs a password) over a link that can drop:
+    once `down`, every command fails as over a dead SSH connection."""
+
+    down = False
+
+    def open_stream(self, cmd: str, *, sudo: bool = False, timeout: float | None = None) -> None:  # type: ignore[override]
+        return None
+
+    def run(self, cmd: str, *, sudo: bool = False, warn: bool = False, timeout: float | None = None):  # type: ignore[no-untyped-def]
+        if self.down:
+            from vgpu_patch.errors import ConnectionFailure
+
+            raise ConnectionFailure(f"{self.name}: connection lost")
+        return super().run(cmd, sudo=sudo, warn=warn, timeout=timeout)
+
+    def _alive(self) -> bool:
+        return not self.down
+
+
+@pytest.mark.parametrize("action", ["deploy", "rollback"])
+def test_an_upload_a_dropped_link_left_is_swept_by_the_next_run(tmp_path: Path, libs, action: str) -> None:
+    t = _SftpLink(tmp_path / "root")
+    d = make_node(tmp_path / "root", libs["vendor"])
+    deploy_file(t, libs["v1"], DIR, operator="a")
+    up = tmp_path / "root" / "tmp"
+
+    def drop(_: str) -> None:
+        t.down = True
+
+    with pytest.raises(DeployError, match="connection lost"):
+        deploy_file(t, libs["v2"], DIR, operator="a", hooks=SwapHooks(after_upload=drop))
+    (left,) = up.glob(".vgpu-patch-upload-*")  # nothing on the node could remove it: the link stayed down
+    assert left.stat().st_mode & 0o777 == 0o600
+    t.down = False
+    fresh = up / ".vgpu-patch-upload-0123456789ab-000000000000"  # another controller's, mid-deploy: kept
+    fresh.write_bytes(b"x")
+    os.utime(left, (left.stat().st_atime, left.stat().st_mtime - 600))  # its swap would have run long ago
+    r = deploy_file(t, libs["v2"], DIR, operator="a") if action == "deploy" else rollback(t, DIR, operator="a")
+    assert r.changed
+    assert sorted(p.name for p in up.glob(".vgpu-patch-upload-*")) == [fresh.name]
+    assert leftovers(d) == []

@@ -15,10 +15,18 @@
  *   FAKE_CUDA_LEGACY=1        the CUDA 12.8+/13 queries (cuStreamGetDevice, cuCtxGetDevice_v2, pool
  *                             location attributes) fail, like an older driver
  *   FAKE_CUDA_PROC_ALIASES=1  cuGetProcAddress hands out internal addresses for some entries
- * Test hooks: fake_calls, fake_reset_calls, fake_used, fake_used_physical, fake_ctx_bytes,
+ *   FAKE_CUDA_SHARED=FILE     the devices are shared by every process naming FILE, as a real GPU is:
+ *                             each process counts its use in a row of FILE, which counts for nothing
+ *                             once the process is dead (the driver frees a dead process's memory);
+ *                             fake_used_all(dev) sums the rows (a container's physical use)
+ * Test hooks: fake_calls, fake_reset_calls, fake_used, fake_used_physical, fake_used_all, fake_ctx_bytes,
  * fake_has_ctx, fake_last_args. */
+#define _GNU_SOURCE /* F_OFD_* */
+#include <fcntl.h>
 #include <limits.h>
 #include <pthread.h>
+#include <sys/mman.h>
+#include <unistd.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -127,7 +135,8 @@ EXPORT void fake_reset_calls(void)
 static int ndev = 2;
 static int phys[MAXDEV]; /* CUDA ordinal -> physical index (FAKE_CUDA_ORDER) */
 static uint64_t dev_total = 1024ull << 20;
-static uint64_t dev_used[MAXDEV]; /* per CUDA ordinal: allocations + contexts + pool reserves */
+static uint64_t own_used[MAXDEV];
+static uint64_t *dev_used = own_used; /* per CUDA ordinal: allocations + contexts + pool reserves */
 static uint64_t ctx_size;         /* FAKE_CUDA_CTX_MB */
 static uint64_t pool_granule;     /* FAKE_CUDA_POOL_GRANULE_MB */
 static int legacy;
@@ -149,6 +158,114 @@ static void mu_unlock(void)
 }
 
 static void default_pools_init(void);
+
+/* ---- FAKE_CUDA_SHARED: one row per process (pid 0 free, -1 being claimed). A process holds an OFD
+ * lock on its row's byte past the rows from the start (the library's constructor: a lower descriptor
+ * than any the shim opens later): like the real driver's device descriptor, it goes when the process's
+ * descriptors close as it dies, and the row's memory counts for nothing from then on. ---- */
+#define SHARED_ROWS 256
+struct shared_row {
+    int32_t pid;
+    int32_t pad;
+    uint64_t used[MAXDEV];
+};
+struct shared_file {
+    uint64_t seq; /* bumped after every change of a row: fake_used_all's snapshots are consistent */
+    uint64_t pad[7];
+    struct shared_row rows[SHARED_ROWS];
+};
+static struct shared_row *rows;
+static uint64_t *shared_seq;
+static int shared_fd = -1;
+
+static int row_lock(int i, int cmd, short type)
+{
+    struct flock fl;
+    memset(&fl, 0, sizeof fl);
+    fl.l_type = type;
+    fl.l_whence = SEEK_SET;
+    fl.l_start = (off_t)sizeof(struct shared_file) + i;
+    fl.l_len = 1;
+    if (fcntl(shared_fd, cmd, &fl) != 0)
+        return -1;
+    return fl.l_type;
+}
+
+/* its process holds the row's lock (our own row counts too: the caller knows its own) */
+static int row_alive(int i)
+{
+    return __atomic_load_n(&rows[i].pid, __ATOMIC_ACQUIRE) > 0 &&
+           (dev_used == rows[i].used || row_lock(i, F_OFD_GETLK, F_WRLCK) == F_WRLCK);
+}
+
+static void shared_claim(void)
+{
+    int me = (int)getpid();
+    dev_used = own_used;
+    for (int i = 0; rows && i < SHARED_ROWS; i++) {
+        int seen = __atomic_load_n(&rows[i].pid, __ATOMIC_ACQUIRE);
+        if (seen < 0 || (seen > 0 && row_lock(i, F_OFD_GETLK, F_WRLCK) != F_UNLCK) ||
+            !__atomic_compare_exchange_n(&rows[i].pid, &seen, -1, 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED))
+            continue;
+        if (row_lock(i, F_OFD_SETLK, F_WRLCK) < 0) { /* taken meanwhile */
+            __atomic_store_n(&rows[i].pid, seen, __ATOMIC_RELEASE);
+            continue;
+        }
+        for (int d = 0; d < MAXDEV; d++)
+            __atomic_store_n(&rows[i].used[d], 0, __ATOMIC_RELAXED);
+        __atomic_store_n(&rows[i].pid, me, __ATOMIC_RELEASE);
+        dev_used = rows[i].used;
+        return;
+    }
+}
+
+static void shared_open(void)
+{
+    const char *f = getenv("FAKE_CUDA_SHARED");
+    size_t size = sizeof(struct shared_file);
+    struct shared_file *m;
+
+    if (!f || !*f || (shared_fd = open(f, O_RDWR | O_CREAT | O_CLOEXEC, 0600)) < 0)
+        return;
+    if (!rows) {
+        m = ftruncate(shared_fd, (off_t)size) == 0 ? mmap(0, size, PROT_READ | PROT_WRITE, MAP_SHARED, shared_fd, 0)
+                                                   : MAP_FAILED;
+        if (m != MAP_FAILED) {
+            rows = m->rows;
+            shared_seq = &m->seq;
+        }
+    }
+    shared_claim();
+}
+
+static void fork_child(void)
+{
+    mu_unlock();
+    if (shared_fd >= 0) { /* a description of its own (the parent's lock stays the parent's), a row of its own */
+        close(shared_fd);
+        dev_used = own_used;
+        shared_open();
+    }
+}
+
+EXPORT unsigned long long fake_used_all(int dev)
+{
+    unsigned long long sum = 0;
+    if (!rows)
+        return (dev >= 0 && dev < MAXDEV) ? __atomic_load_n(&dev_used[dev], __ATOMIC_RELAXED) : 0;
+    for (int tries = 0; dev >= 0 && dev < MAXDEV && tries < 100000; tries++) {
+        uint64_t seq = __atomic_load_n(shared_seq, __ATOMIC_SEQ_CST);
+        sum = 0;
+        for (int i = 0; i < SHARED_ROWS; i++) {
+            uint64_t v = __atomic_load_n(&rows[i].used[dev], __ATOMIC_SEQ_CST);
+            if (v && row_alive(i))
+                sum += v;
+        }
+        if (__atomic_load_n(shared_seq, __ATOMIC_SEQ_CST) == seq)
+            return sum; /* no change completed meanwhile: one instant's use */
+    }
+    return sum;
+}
 
 __attribute__((constructor)) static void fake_config(void)
 {
@@ -185,7 +302,8 @@ __attribute__((constructor)) static void fake_config(void)
     s = getenv("FAKE_CUDA_LEGACY");
     legacy = s && s[0] == '1';
     default_pools_init();
-    pthread_atfork(mu_lock, mu_unlock, mu_unlock);
+    shared_open();
+    pthread_atfork(mu_lock, mu_unlock, fork_child);
 }
 
 EXPORT unsigned long long fake_used(int dev)
@@ -214,13 +332,18 @@ static int charge(int dev, uint64_t size)
         if (size > dev_total - cur)
             return -1;
     } while (!__atomic_compare_exchange_n(&dev_used[dev], &cur, cur + size, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED));
+    if (shared_seq)
+        __atomic_fetch_add(shared_seq, 1, __ATOMIC_SEQ_CST);
     return 0;
 }
 
 static void uncharge(int dev, uint64_t size)
 {
-    if (dev >= 0 && size)
+    if (dev >= 0 && size) {
         __atomic_fetch_sub(&dev_used[dev], size, __ATOMIC_RELAXED);
+        if (shared_seq)
+            __atomic_fetch_add(shared_seq, 1, __ATOMIC_SEQ_CST);
+    }
 }
 
 /* ---- contexts (current per thread) and streams ---- */

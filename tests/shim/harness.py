@@ -118,6 +118,16 @@ def emit(**kw):
 """
 
 
+def region_defines() -> list[str]:
+    """-D flags giving a C watcher the region's layout (vgpu_patch.region): size, proc_num, slots, total."""
+    from vgpu_patch import region as R
+
+    used0 = R.SLOT_FIELDS["used"][0] + R.MEMORY_FIELDS["total"]
+    return [f"-DREGION_SIZE={R.REGION_SIZE}", f"-DPROC_NUM_OFF={R.REGION_FIELDS['proc_num'][0]}",
+            f"-DPROCS_OFF={R.REGION_FIELDS['procs'][0]}", f"-DSLOT_SIZE={R.SLOT_SIZE}",
+            f"-DSTATUS_OFF={R.SLOT_FIELDS['status'][0]}", f"-DUSED0_OFF={used0}"]
+
+
 @dataclass
 class Child:
     rc: int

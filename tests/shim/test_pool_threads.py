@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from vgpu_patch import region as R
-
-from .harness import Env
+from .harness import Env, region_defines
 
 MiB = 1 << 20
 LIMIT_MB = 100
@@ -143,16 +141,9 @@ int main(int argc, char **argv)
 """
 
 
-def _defines() -> list[str]:
-    used0 = R.SLOT_FIELDS["used"][0] + R.MEMORY_FIELDS["total"]
-    return [f"-DREGION_SIZE={R.REGION_SIZE}", f"-DPROC_NUM_OFF={R.REGION_FIELDS['proc_num'][0]}",
-            f"-DPROCS_OFF={R.REGION_FIELDS['procs'][0]}", f"-DSLOT_SIZE={R.SLOT_SIZE}",
-            f"-DSTATUS_OFF={R.SLOT_FIELDS['status'][0]}", f"-DUSED0_OFF={used0}"]
-
-
 @pytest.mark.parametrize("threads", [8, 16])
 def test_threaded_pool_allocations_never_exceed_the_limit(env: Env, threads: int) -> None:
-    exe = env.compile_c("pool_threads", PROGRAM, *_defines(), f"-L{env.fake_dir}", "-l:libcuda.so.1")
+    exe = env.compile_c("pool_threads", PROGRAM, *region_defines(), f"-L{env.fake_dir}", "-l:libcuda.so.1")
     child = env.run_c(exe, {"CUDA_DEVICE_MEMORY_LIMIT": f"{LIMIT_MB}m"}, args=[str(threads), "10000"], timeout=120)
     assert child.rc == 0, (child.rc, child.stdout, child.stderr)
     r = {k: int(v) for k, v in (line.split() for line in child.stdout.splitlines())}

@@ -25,7 +25,7 @@ LIVE=""             # the live file's real path (choose_live sets it; the CLI pa
 WANT=""             # the sha256 the live file must have at the end
 UP=""               # an upload to copy in (SFTP path), removed once copied
 SRC=""              # a file on the node to copy in (rollback: the backup)
-UPDIR=""            # where uploads land: their orphans older than an hour are swept
+UPDIR=""            # where uploads land: their orphans (older than 5 minutes) are swept
 LIVEJ=null          # the live path as recorded (JSON)
 ACTJ='"deploy"'     # the history action (JSON)
 OPJ='""'            # the operator (JSON)
@@ -271,6 +271,8 @@ probe() {
   fi
   section history
   [ -z "$UNSAFE" ] && [ -f "$S/history.jsonl" ] && tail -n "$HISTORY" "$S/history.jsonl"
+  section pending  # a swap's record written before its rename, removed once recorded (swap_in, record)
+  [ -z "$UNSAFE" ] && [ -f "$S/pending.json" ] && head -n 1 "$S/pending.json"
   if [ "$MAPS" = 1 ]; then section maps; maps; fi
   true
 }
@@ -320,6 +322,13 @@ lock() {
   fi
   # temp files of a swap that was SIGKILLed: only a lock holder makes them, so any found now are orphans
   rmx "$D"/.*.vgpu-patch-tmp.* "$S"/staging/*.part.* "$S"/backups/.*.tmp.* "$S"/signatures/.*.tmp.*
+  # uploads a dropped connection left (their swap never ran): a live one is seconds old, as its swap
+  # starts right after it; older than 5 minutes it is an orphan, whoever's it was
+  for f in ${UPDIR:+"$UPDIR"/.vgpu-patch-upload-*}; do
+    [ -e "$f" ] && command -v find >/dev/null 2>&1 \
+      && find "$UPDIR" -maxdepth 1 -name '.vgpu-patch-upload-*' -mmin +5 -exec rm -f {} + 2>/dev/null
+    break
+  done
 }
 
 # receive SIZE: the candidate's bytes, which follow the calls on stdin, straight into the temp file beside the
@@ -430,10 +439,15 @@ swap_in() {
   else
     chmod 0644 "$TMP"
   fi
-  # the new file's bytes and a new backup's (bytes, manifest, name), before the rename
+  # on record before the rename (a kill right after it must not lose the swap): the history line goes to
+  # pending.json, which record moves into the history; a pending.json left by a killed swap is settled first
+  settle
+  entry > "$S/pending.json" || fail "$E_WRITE" "writing $S/pending.json failed (disk full?); nothing changed"
+  # the new file's bytes, a new backup's (bytes, manifest, name), a kept signature and the pending record,
+  # before the rename
   sync "$TMP" ${NEWBK:+"$BK"} ${NEWBK:+"$S/backups/$cur.json"} "$S/backups" \
     ${NEWSIG:+"$S/signatures/$WANT.sig"} ${NEWSIG:+"$S/signatures/$WANT.json"} ${NEWSIG:+"$S/signatures"} \
-    2>/dev/null || sync
+    "$S/pending.json" "$S" 2>/dev/null || sync
   out=$(mv -f "$TMP" "$LIVE" 2>&1) \
     || fail "$E_WRITE" "renaming $TMP over $LIVE failed ($out; EBUSY: $LIVE is a mount point, act on the host file)"
 }
@@ -447,18 +461,30 @@ byte_compare() {
   if command -v cmp >/dev/null 2>&1; then cmp -s "$SRC" "$LIVE" || fail "$E_VERIFY" "$LIVE differs from $SRC byte for byte"; fi
 }
 
-record() {
+# entry: this swap's history line
+entry() {
   printf '{"time": %s, "action": %s, "path": %s, "from_sha256": %s, "to_sha256": %s, "operator": %s, "tool": %s%s}\n' \
-    "$NOWJ" "$ACTJ" "$LIVEJ" "$FROMJ" "$WANTJ" "$OPJ" "$TOOLJ" "${SIGNERJ:+, \"signer\": $SIGNERJ}" >> "$S/history.jsonl" \
+    "$NOWJ" "$ACTJ" "$LIVEJ" "$FROMJ" "$WANTJ" "$OPJ" "$TOOLJ" "${SIGNERJ:+, \"signer\": $SIGNERJ}"
+}
+
+# settle: pending.json left by a swap killed between its rename and its record: that swap happened when its
+# file is what this one found live (its to_sha256 is $cur), and goes into the history unless already there
+settle() {
+  [ -n "$cur" ] && [ -f "$S/pending.json" ] || return 0
+  p=$(head -n 1 "$S/pending.json")
+  case $p in *"\"to_sha256\": \"$cur\","*"}")  # whole (a line cut short never ends in a brace)
+    if [ "$(tail -n 1 "$S/history.jsonl" 2>/dev/null)" != "$p" ]; then
+      printf '%s\n' "$p" >> "$S/history.jsonl" || fail "$E_WRITE" "appending to $S/history.jsonl failed (disk full?)"
+    fi;;
+  esac
+}
+
+# record: the history line, then pending.json goes (a reader seeing both takes them as one swap)
+record() {
+  entry >> "$S/history.jsonl" \
     || fail "$E_WRITE" "the swap is done but appending to $S/history.jsonl failed (disk full?)"
   sync "$D" "$S/history.jsonl" 2>/dev/null || sync  # the rename (directory) and the record
-  # uploads orphaned by a dropped connection that could not be cleaned up then: older than an hour
-  for f in ${UPDIR:+"$UPDIR"/.vgpu-patch-upload-*}; do
-    [ -e "$f" ] && command -v find >/dev/null 2>&1 \
-      && find "$UPDIR" -maxdepth 1 -name '.vgpu-patch-upload-*' -mmin +60 -exec rm -f {} + 2>/dev/null
-    break
-  done
-  true
+  rm -f "$S/pending.json"
 }
 
 # report: the result line (what was replaced, its backup, the live inode), then with STALE=1 every process

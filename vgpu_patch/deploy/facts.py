@@ -15,6 +15,7 @@ from importlib import resources
 from ..errors import DeployError
 from ..transport.base import Transport
 from .candidate import parse_glibc
+from .rollback_pick import settle
 
 LIB = "libvgpu.so"
 STATE = ".vgpu-patch"
@@ -222,6 +223,10 @@ def parse(text: str, node_dir: str) -> NodeFacts:
         facts.live_name, facts.live_why = verdict[1], verdict[2]
     elif verdict[0] == "refuse" and len(verdict) >= 2:
         facts.live_why = verdict[1]
+    # a swap killed between its rename and its record: on record when its file is live (node.sh `settle`)
+    pending = _json_lines(sec.get("pending", []), facts.warnings, "pending.json")
+    live = facts.file(facts.live_name) if facts.live_name else None
+    facts.history = settle(facts.history, pending[0] if pending else None, live.sha256 if live else None)
     return facts
 
 

@@ -435,7 +435,7 @@ def _rollback(t: Transport, session: _Session, facts: F.NodeFacts, live: F.LibFi
     src_node = f"{node_dir}/{F.STATE}/backups/{want}.so"
     plan = list(plan_swap(
         facts, live, live_path, want, req, source=src_node,
-        params=_params(t, req, live_path, want, up=None, src=t.path(src_node), updir=None),
+        params=_params(t, req, live_path, want, up=None, src=t.path(src_node), updir=t.path(UPLOAD_DIR)),
     ))
     result = SwapResult(t.name, "rollback", False, live_path, live.sha256 if live else None, want, plan=plan)
     if plan[0].kind == "noop" or req.dry_run:
