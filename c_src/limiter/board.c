@@ -13,7 +13,10 @@
  * cuStreamSynchronize: its process has work queued) holds the mark until it returns, and a
  * process that measures its launches (an SM limit) marks itself busy until its queued work should
  * be done. Entries are claimed by CAS and freed at exit; one whose process died
- * simply stops being busy and is taken over after STALE_NS. No lock, no thread, no driver call.
+ * simply stops being busy and is taken over after STALE_NS. No lock, no thread, no driver call on
+ * the way. A process's entry is alive while it holds an OFD lock on the entry's byte past the end of
+ * the file (the kernel drops it when the process dies): a busy mark of a dead process (one killed
+ * inside a 10 s wait, say) is not counted; the probe is one fcntl per entry, at most every 100 ms.
  *
  * The file is shared by every container, so it is mode 0666 and its content untrusted: a symlink,
  * a non-regular file, a file of another size or without our magic is not used; a busy mark further
@@ -40,6 +43,7 @@
 #define HOLD_NS 10000000000ll  /* a thread waiting for the GPU holds the mark for up to 10 s */
 #define MARK_EVERY_NS 1000000ll
 #define STALE_NS 10000000000ll /* an entry idle for 10 s may be taken over */
+#define LIVENESS_EVERY_NS 100000000ll
 #define BOARD_MAGIC 0x766770752d62726full
 #define DEFAULT_DIR "/tmp/vgpulock"
 
@@ -60,6 +64,10 @@ static struct board {
     entry_t *mine;
     int64_t marked;   /* our last busy mark */
     int waiting;      /* threads inside a wait for the GPU */
+    int fd;           /* holds our entry's liveness lock; never mapped */
+    char path[512];
+    int64_t checked[ENTRIES + 1]; /* when each entry's liveness was last probed */
+    char dead[ENTRIES + 1];       /* what that probe said */
 } boards[VGPU_MAX_DEVICES];
 static uint64_t nonce;
 static pthread_once_t init_once = PTHREAD_ONCE_INIT;
@@ -104,6 +112,9 @@ static void atfork_child(void)
         boards[d].mine = 0;
         boards[d].marked = 0;
         boards[d].waiting = 0;
+        if (boards[d].fd >= 0)
+            close(boards[d].fd); /* the parent's description: its lock stays the parent's */
+        boards[d].fd = -1;
         if (boards[d].state > 0)
             boards[d].state = 0; /* the mapping is inherited; claim a new entry in it */
     }
@@ -112,14 +123,16 @@ static void atfork_child(void)
 static void init(void)
 {
     int d;
-    for (d = 0; d < VGPU_MAX_DEVICES; d++)
+    for (d = 0; d < VGPU_MAX_DEVICES; d++) {
         pthread_mutex_init(&boards[d].mu, 0);
+        boards[d].fd = -1;
+    }
     new_nonce();
     pthread_atfork(0, 0, atfork_child);
     atexit(release_all);
 }
 
-static entry_t *map_board(const char *path)
+static entry_t *map_board(const char *path, int *keep_fd)
 {
     struct stat st;
     entry_t *m;
@@ -147,6 +160,7 @@ static entry_t *map_board(const char *path)
     close(fd);
     if (m == MAP_FAILED)
         return 0;
+    *keep_fd = open(path, O_RDWR | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK); /* for the locks, never mapped */
     __atomic_compare_exchange_n(&m[0].owner, &zero, BOARD_MAGIC, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
     if (__atomic_load_n(&m[0].owner, __ATOMIC_ACQUIRE) != BOARD_MAGIC) {
         VGPU_WARN("ignoring the GPU activity board %s: not written by vgpu-patch", path);
@@ -156,19 +170,38 @@ static entry_t *map_board(const char *path)
     return m;
 }
 
-static entry_t *claim(entry_t *all, int64_t now)
+/* the entry's liveness lock: F_SETLK-style on one byte past the board's end; 0 taken (or no OFD
+ * locks here: liveness is then not checked), -1 someone alive holds it */
+static int live_lock(int fd, int i, short type, int probe)
+{
+    struct flock l;
+
+    memset(&l, 0, sizeof l);
+    l.l_type = type;
+    l.l_whence = SEEK_SET;
+    l.l_start = (off_t)(BOARD_SIZE + (size_t)i);
+    l.l_len = 1;
+    if (fcntl(fd, probe ? F_OFD_GETLK : F_OFD_SETLK, &l) != 0)
+        return errno == EINVAL || errno == ENOSYS ? 0 : -1;
+    return probe ? (l.l_type == F_UNLCK ? 0 : -1) : 0;
+}
+
+static entry_t *claim(struct board *b, int64_t now)
 {
     int i;
     for (i = 1; i <= ENTRIES; i++) {
-        entry_t *e = &all[i];
+        entry_t *e = &b->all[i];
         uint64_t seen = __atomic_load_n(&e->owner, __ATOMIC_ACQUIRE);
         int64_t busy = __atomic_load_n(&e->busy_until, __ATOMIC_RELAXED);
         if ((seen == 0 || busy < now - STALE_NS || busy > now + STALE_NS) &&
+            (b->fd < 0 || live_lock(b->fd, i, F_WRLCK, 0) == 0) && /* held by the living: not stale */
             __atomic_compare_exchange_n(&e->owner, &seen, nonce, 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED)) {
             e->pid = (int32_t)getpid();
             __atomic_store_n(&e->busy_until, now, __ATOMIC_RELAXED);
             return e;
         }
+        if (b->fd >= 0)
+            live_lock(b->fd, i, F_UNLCK, 0);
     }
     return 0;
 }
@@ -176,7 +209,7 @@ static entry_t *claim(entry_t *all, int64_t now)
 static void open_board(struct board *b, int dev, const char *key)
 {
     const char *dir = getenv("VGPU_NODE_DIR");
-    char path[512], clean[100];
+    char clean[100];
     size_t i, n = 0;
 
     b->state = -1;
@@ -188,11 +221,11 @@ static void open_board(struct board *b, int dev, const char *key)
         clean[n++] = ((key[i] >= 'a' && key[i] <= 'z') || (key[i] >= 'A' && key[i] <= 'Z') ||
                       (key[i] >= '0' && key[i] <= '9') || key[i] == '-') ? key[i] : '_';
     clean[n] = 0;
-    snprintf(path, sizeof path, "%s/vgpu-patch-activity-%s", dir, clean);
-    if (!(b->all = map_board(path)))
+    snprintf(b->path, sizeof b->path, "%s/vgpu-patch-activity-%s", dir, clean);
+    if (!(b->all = map_board(b->path, &b->fd)))
         return;
-    if (!(b->mine = claim(b->all, mono_ns()))) {
-        VGPU_INFO("GPU activity board %s is full: device %d's kernels are charged as if alone", path, dev);
+    if (!(b->mine = claim(b, mono_ns()))) {
+        VGPU_INFO("GPU activity board %s is full: device %d's kernels are charged as if alone", b->path, dev);
         return; /* the mapping stays: we can still read the others */
     }
     b->state = 1;
@@ -210,8 +243,10 @@ VGPU_HIDDEN int vgpu_board_join(int dev, const char *key)
         return b->state > 0 ? 0 : -1;
     pthread_mutex_lock(&b->mu);
     if (!b->state) {
-        if (b->all && !b->mine) /* a fork child: the mapping is ours already */
-            b->state = (b->mine = claim(b->all, mono_ns())) ? 1 : -1;
+        if (b->all && !b->mine) { /* a fork child: the mapping is ours already, its own lock is not */
+            b->fd = open(b->path, O_RDWR | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
+            b->state = (b->mine = claim(b, mono_ns())) ? 1 : -1;
+        }
         else
             open_board(b, dev, key);
     }
@@ -290,8 +325,13 @@ VGPU_HIDDEN int vgpu_board_others(int dev)
         if (e == b->mine || !__atomic_load_n(&e->owner, __ATOMIC_RELAXED))
             continue;
         busy = __atomic_load_n(&e->busy_until, __ATOMIC_RELAXED);
-        if (busy > now && busy <= now + HOLD_NS + MARK_EVERY_NS) /* further ahead: not a mark of ours */
-            n++;
+        if (busy <= now || busy > now + HOLD_NS + MARK_EVERY_NS) /* further ahead: not a mark of ours */
+            continue;
+        if (b->fd >= 0 && now - b->checked[i] > LIVENESS_EVERY_NS) {
+            b->dead[i] = live_lock(b->fd, i, F_WRLCK, 1) == 0; /* nobody holds it: its owner is gone */
+            b->checked[i] = now;
+        }
+        n += !b->dead[i];
     }
     return n;
 }

@@ -210,6 +210,18 @@ def test_an_untrusted_board_is_not_used(sliced: Node, kind: str) -> None:
         assert (sliced.tmp / "elsewhere").read_bytes() == b"\0" * 4096
 
 
+def test_a_dead_process_busy_mark_is_not_counted(sliced: Node) -> None:
+    """A process killed inside a wait leaves a mark seconds ahead; nobody holds its entry's liveness lock, so
+    it is not counted (counted, it would halve what a lone container is charged)."""
+    board = sliced.tmp / "node" / "vgpu-patch-activity-GPU-sim-0"
+    buf = bytearray(64 * 64)
+    struct.pack_into("<Q", buf, 0, 0x766770752D62726F)  # the board's magic (c_src/limiter/board.c)
+    struct.pack_into("<Qqi", buf, 64 * 5, 0x1234, time.monotonic_ns() + 9 * 10**9, 4242)
+    board.write_bytes(bytes(buf))
+    [alone] = sliced.run([(25, 1)], LONG_US)
+    assert alone < 0.33, alone
+
+
 # ---- a process that lost the container's environment ----
 
 def test_scrubbed_environment_holds_the_region_beside_the_library(sim: Path, tmp_path: Path) -> None:
