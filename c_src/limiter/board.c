@@ -170,8 +170,9 @@ static entry_t *map_board(const char *path, int *keep_fd)
     return m;
 }
 
-/* the entry's liveness lock: F_SETLK-style on one byte past the board's end; 0 taken (or no OFD
- * locks here: liveness is then not checked), -1 someone alive holds it */
+/* an entry's liveness lock: one byte past the board's end, an OFD lock (dropped by the kernel when its
+ * holder dies). take: 0 taken (or no OFD locks here), -1 a living process holds it. probe: 1 someone
+ * holds it, 0 nobody does (its owner is gone), -1 cannot tell (then the owner counts as alive). */
 static int live_lock(int fd, int i, short type, int probe)
 {
     struct flock l;
@@ -182,8 +183,8 @@ static int live_lock(int fd, int i, short type, int probe)
     l.l_start = (off_t)(BOARD_SIZE + (size_t)i);
     l.l_len = 1;
     if (fcntl(fd, probe ? F_OFD_GETLK : F_OFD_SETLK, &l) != 0)
-        return errno == EINVAL || errno == ENOSYS ? 0 : -1;
-    return probe ? (l.l_type == F_UNLCK ? 0 : -1) : 0;
+        return probe ? -1 : (errno == EAGAIN || errno == EACCES) ? -1 : 0;
+    return probe ? l.l_type != F_UNLCK : 0;
 }
 
 static entry_t *claim(struct board *b, int64_t now)
