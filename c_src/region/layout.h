@@ -33,7 +33,8 @@ typedef struct {
     uint64_t data_size;
     uint64_t offset;
     uint64_t total; /* what the monitor and our budget sum */
-    uint64_t unused[3]; /* used[0].unused[0..1]: our stamp's check word and nonce (see the slot) */
+    uint64_t unused[3]; /* used[0].unused[0..1]: our stamp's check word and nonce (see the slot);
+                         * used[d].unused[2]: bytes this process is claiming on d right now */
 } vgpu_device_memory_t;
 
 typedef struct {

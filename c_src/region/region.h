@@ -97,6 +97,8 @@ VGPU_HIDDEN int vgpu_region_slot_alive(const vgpu_proc_slot_t *s, int thorough);
 VGPU_HIDDEN int vgpu_region_reap(vgpu_region_t *r, int thorough);
 /* sum of used[dev].total over slots with status != 0 (the monitor's sum, saturating at 2^64-1) */
 VGPU_HIDDEN uint64_t vgpu_region_sum_used(const vgpu_region_t *r, int dev);
+/* the same plus the claims in flight (used[dev].unused[2]): what a reservation must fit beside */
+VGPU_HIDDEN uint64_t vgpu_region_sum_claimed(const vgpu_region_t *r, int dev);
 /* NULL when the process table is sane, else what is wrong with it (shm.c refuses such a file) */
 VGPU_HIDDEN const char *vgpu_region_table_insane(const vgpu_region_t *r);
 /* the limit this process enforces for dev: the stricter of the region's and this process's env

@@ -177,6 +177,7 @@ static void clear_usage(vgpu_proc_slot_t *s)
         __atomic_store_n(&s->used[d].data_size, 0, __ATOMIC_RELAXED);
         __atomic_store_n(&s->used[d].offset, 0, __ATOMIC_RELAXED);
         __atomic_store_n(&s->used[d].total, 0, __ATOMIC_RELAXED);
+        __atomic_store_n(&s->used[d].unused[2], 0, __ATOMIC_RELAXED); /* a claim in flight (claim()) */
         memset(&s->device_util[d], 0, sizeof s->device_util[d]);
         s->monitorused[d] = 0;
     }
@@ -281,6 +282,23 @@ VGPU_HIDDEN uint64_t vgpu_region_sum_used(const vgpu_region_t *r, int dev)
     for (i = 0; i < n; i++)
         if (__atomic_load_n(&r->procs[i].status, __ATOMIC_ACQUIRE) != VGPU_SLOT_FREE) {
             v = __atomic_load_n(&r->procs[i].used[dev].total, __ATOMIC_RELAXED);
+            sum = sum > UINT64_MAX - v ? UINT64_MAX : sum + v;
+        }
+    return sum;
+}
+
+VGPU_HIDDEN uint64_t vgpu_region_sum_claimed(const vgpu_region_t *r, int dev)
+{
+    int i, n = clamp_procs(__atomic_load_n(&r->proc_num, __ATOMIC_ACQUIRE));
+    uint64_t sum = 0, v;
+
+    if (dev < 0 || dev >= VGPU_MAX_DEVICES)
+        return 0;
+    for (i = 0; i < n; i++)
+        if (__atomic_load_n(&r->procs[i].status, __ATOMIC_ACQUIRE) != VGPU_SLOT_FREE) {
+            v = __atomic_load_n(&r->procs[i].used[dev].total, __ATOMIC_RELAXED);
+            sum = sum > UINT64_MAX - v ? UINT64_MAX : sum + v;
+            v = __atomic_load_n(&r->procs[i].used[dev].unused[2], __ATOMIC_RELAXED);
             sum = sum > UINT64_MAX - v ? UINT64_MAX : sum + v;
         }
     return sum;
@@ -453,19 +471,29 @@ VGPU_HIDDEN uint64_t vgpu_region_sm_limit(int dev)
     return vgpu_limit_in_force(vgpu_sm_norm(v), vgpu_limits_env_sm(dev));
 }
 
-/* Publish the claim (a seq_cst add on our own slot), full fence, then sum every live slot, our
- * claim included; over the limit: withdraw it. For any two racing reservers A and B, the later of
- * the two sums sees the other's claim (store->fence->load on both sides: they cannot both miss),
- * so two claims that do not fit together are never both kept. A race can refuse a request that
- * would have fitted (both see each other, both withdraw); it can never exceed the limit. The
- * transient claim is visible to lock-free readers (the monitor, cuMemGetInfo) for the few ns it
- * lives; a claim is only published when the sum read just before leaves room for it, so only two
- * claims racing for the same room can show the sum over the limit, never one that cannot fit. */
-static uint64_t claim(vgpu_proc_slot_t *self, vgpu_region_t *r, int dev, int kind, uint64_t bytes)
+/* Publish the claim as pending (a seq_cst add to our slot's used[dev].unused[2], a word the monitor
+ * never reads), full fence, then sum every live slot's usage and pending claims, ours included; if it
+ * fits, count it in our usage, then drop the pending word (in between it counts twice: safe). For any
+ * two racing reservers A and B, the later of the two sums sees the other's claim (store->fence->load
+ * on both sides: they cannot both miss), so two claims that do not fit together are never both kept.
+ * A race can refuse a request that would have fitted (both see each other, both withdraw); it can
+ * never exceed the limit, and the monitor's sum (usage only) never sees a claim that is withdrawn. */
+static uint64_t *pending(vgpu_proc_slot_t *s, int dev)
 {
-    slot_add(self, dev, kind, bytes, __ATOMIC_SEQ_CST);
+    return &s->used[dev].unused[2];
+}
+
+static int claim(vgpu_proc_slot_t *self, vgpu_region_t *r, int dev, int kind, uint64_t bytes, uint64_t limit)
+{
+    int fits;
+
+    __atomic_fetch_add(pending(self, dev), bytes, __ATOMIC_SEQ_CST);
     __atomic_thread_fence(__ATOMIC_SEQ_CST);
-    return vgpu_region_sum_used(r, dev);
+    fits = vgpu_region_sum_claimed(r, dev) <= limit;
+    if (fits)
+        slot_add(self, dev, kind, bytes, __ATOMIC_SEQ_CST);
+    sub_saturating(pending(self, dev), bytes);
+    return fits;
 }
 
 static int self_only; /* the shared table turned to garbage after attach: judge our own usage only */
@@ -512,23 +540,19 @@ VGPU_HIDDEN int vgpu_region_reserve_kind(int dev, uint64_t bytes, int kind)
         return 0;
     }
     shadow_add(dev, kind, bytes);
-    if (VGPU_LIKELY(vgpu_region_sum_used(r, dev) <= limit - bytes)) {
-        if (VGPU_LIKELY(claim(self, r, dev, kind, bytes) <= limit))
-            return 0;
-        slot_sub(self, dev, kind, bytes);
-    }
+    if (VGPU_LIKELY(vgpu_region_sum_claimed(r, dev) <= limit - bytes) &&
+        VGPU_LIKELY(claim(self, r, dev, kind, bytes, limit)))
+        return 0;
     vgpu_region_lock();
-    sum = vgpu_region_sum_used(r, dev);
+    sum = vgpu_region_sum_claimed(r, dev);
     if (sum > limit - bytes && vgpu_region_reap(r, 1)) /* dead peers' usage out, then decide */
-        sum = vgpu_region_sum_used(r, dev);
+        sum = vgpu_region_sum_claimed(r, dev);
     if (sum > limit - bytes && corrupt(r, dev, sum)) {
         ok = vgpu_region_self_used(dev) <= limit - bytes;
         if (ok)
             slot_add(self, dev, kind, bytes, __ATOMIC_RELAXED);
     } else {
-        ok = sum <= limit - bytes;
-        if (ok && !(ok = claim(self, r, dev, kind, bytes) <= limit))
-            slot_sub(self, dev, kind, bytes);
+        ok = sum <= limit - bytes && claim(self, r, dev, kind, bytes, limit);
     }
     if (!ok)
         shadow_sub(dev, kind, bytes);
