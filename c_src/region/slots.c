@@ -272,7 +272,8 @@ VGPU_HIDDEN vgpu_proc_slot_t *vgpu_region_claim_slot(vgpu_region_t *r)
     return 0;
 }
 
-VGPU_HIDDEN uint64_t vgpu_region_sum_used(const vgpu_region_t *r, int dev)
+/* the sum of used[dev].total (and, with `claims`, of the claims in flight) over live slots, saturating */
+static uint64_t sum_slots(const vgpu_region_t *r, int dev, int claims)
 {
     int i, n = clamp_procs(__atomic_load_n(&r->proc_num, __ATOMIC_ACQUIRE));
     uint64_t sum = 0, v;
@@ -282,26 +283,21 @@ VGPU_HIDDEN uint64_t vgpu_region_sum_used(const vgpu_region_t *r, int dev)
     for (i = 0; i < n; i++)
         if (__atomic_load_n(&r->procs[i].status, __ATOMIC_ACQUIRE) != VGPU_SLOT_FREE) {
             v = __atomic_load_n(&r->procs[i].used[dev].total, __ATOMIC_RELAXED);
+            sum = sum > UINT64_MAX - v ? UINT64_MAX : sum + v;
+            v = claims ? __atomic_load_n(&r->procs[i].used[dev].unused[2], __ATOMIC_RELAXED) : 0;
             sum = sum > UINT64_MAX - v ? UINT64_MAX : sum + v;
         }
     return sum;
 }
 
+VGPU_HIDDEN uint64_t vgpu_region_sum_used(const vgpu_region_t *r, int dev)
+{
+    return sum_slots(r, dev, 0);
+}
+
 VGPU_HIDDEN uint64_t vgpu_region_sum_claimed(const vgpu_region_t *r, int dev)
 {
-    int i, n = clamp_procs(__atomic_load_n(&r->proc_num, __ATOMIC_ACQUIRE));
-    uint64_t sum = 0, v;
-
-    if (dev < 0 || dev >= VGPU_MAX_DEVICES)
-        return 0;
-    for (i = 0; i < n; i++)
-        if (__atomic_load_n(&r->procs[i].status, __ATOMIC_ACQUIRE) != VGPU_SLOT_FREE) {
-            v = __atomic_load_n(&r->procs[i].used[dev].total, __ATOMIC_RELAXED);
-            sum = sum > UINT64_MAX - v ? UINT64_MAX : sum + v;
-            v = __atomic_load_n(&r->procs[i].used[dev].unused[2], __ATOMIC_RELAXED);
-            sum = sum > UINT64_MAX - v ? UINT64_MAX : sum + v;
-        }
-    return sum;
+    return sum_slots(r, dev, 1);
 }
 
 VGPU_HIDDEN const char *vgpu_region_table_insane(const vgpu_region_t *r)

@@ -141,4 +141,20 @@ static void gpu_open(const char *path, int serial_mode)
 }
 
 
+/* slice: wait until everything this process launched is done */
+static void drain(void)
+{
+    struct timespec nap = {0, 100000};
+    for (;;) {
+        long long left;
+        lock();
+        advance(now_ns());
+        left = me->queued;
+        unlock();
+        if (left <= 0)
+            return;
+        nanosleep(&nap, 0);
+    }
+}
+
 #endif

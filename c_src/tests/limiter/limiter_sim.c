@@ -93,20 +93,10 @@ static void gpu_drain(void)
 
 static void do_drain(void)
 {
-    if (!shared || serial) {
+    if (!shared || serial)
         sleep_until(*stream_end());
-        return;
-    }
-    for (;;) {
-        long long left;
-        lock();
-        advance(now_ns());
-        left = me->queued;
-        unlock();
-        if (left <= 0)
-            return;
-        sleep_until(now_ns() + (left < 200000 ? left : 200000));
-    }
+    else
+        drain();
 }
 
 static CUresult get_device(CUdevice *d)
