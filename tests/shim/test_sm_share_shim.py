@@ -78,7 +78,9 @@ def run(gpu_driver: tuple[Path, Path], shim_path: Path, tmp: Path, containers: l
 def test_a_container_of_two_processes_shares_one_budget(gpu_driver: tuple[Path, Path], shim_path: Path,
                                                         tmp_path: Path) -> None:
     [total] = run(gpu_driver, shim_path, tmp_path, [(50, 2)])
-    assert 0.36 < total < 0.60, total
+    # unlimited, the two would take the whole GPU (1.0); 0.47-0.62 seen here, the upper end on a loaded
+    # 2-core machine (the simulator's tests pin the rows closer)
+    assert 0.36 < total < 0.70, total
 
 
 def test_two_containers_at_50_are_not_held_to_a_quarter(gpu_driver: tuple[Path, Path], shim_path: Path,
