@@ -316,11 +316,10 @@ static unsigned solo_slot(uint64_t sig)
 
 /* mu held: our own share of a measured launch that held its stream for e ns (see the top); the
  * other busy contexts are counted when it was launched and when it is harvested, half each */
-static long long own_share(struct dev_state *st, const struct pair *p, long long e)
+static long long own_share(struct dev_state *st, const struct pair *p, long long e, int others)
 {
     unsigned i = solo_slot(p->sig);
     long long least = -1, alone = -1, twice_k, share, floor;
-    int others = vgpu_board_others(st - dev_state);
 
     if (st->solo[i].sig == p->sig) {
         least = st->solo[i].least;
@@ -351,9 +350,13 @@ static long long own_share(struct dev_state *st, const struct pair *p, long long
     return share > floor ? share : floor;
 }
 
-/* mu held: charge every measured launch whose end event has completed, oldest first */
-static void harvest(struct dev_state *st, vgpu_ledger_t *b)
+/* mu held: charge every measured launch whose end event has completed, oldest first; the board is
+ * read once for all of them (and kept in st->others for the sampling rate) */
+static void harvest(struct dev_state *st, vgpu_ledger_t *b, int dev)
 {
+    int others = vgpu_board_others(dev);
+
+    __atomic_store_n(&st->others, others, __ATOMIC_RELAXED);
     while (st->tail != st->head) {
         struct pair *p = &st->ring[st->tail % RING];
         long long ns, est;
@@ -366,7 +369,7 @@ static void harvest(struct dev_state *st, vgpu_ledger_t *b)
         ns = (long long)((double)ms * 1e6);
         est = __atomic_load_n(&st->held_ns, __ATOMIC_RELAXED);
         __atomic_store_n(&st->held_ns, est <= 0 ? ns : est + (ns - est) / 4, __ATOMIC_RELAXED);
-        ns = own_share(st, p, ns);
+        ns = own_share(st, p, ns, others);
         charge(st, b, ns);
         est = __atomic_load_n(&st->est_ns[p->graph], __ATOMIC_RELAXED);
         __atomic_store_n(&st->est_ns[p->graph], est < 0 ? ns : est + (ns - est) / 4, __ATOMIC_RELAXED);
@@ -406,9 +409,8 @@ static long long account(struct dev_state *st, vgpu_ledger_t *b, int dev, int pc
     long long now = now_ns(), debt, tokens;
 
     vgpu_bucket_refill(b, dev, pct, now, BURST_NS);
-    harvest(st, b);
+    harvest(st, b, dev);
     report_util(st, dev, now);
-    __atomic_store_n(&st->others, vgpu_board_others(dev), __ATOMIC_RELAXED);
     __atomic_store_n(&st->next_harvest_ns, now + HARVEST_NS, __ATOMIC_RELAXED);
     tokens = vgpu_bucket_tokens(b);
     if (tokens >= 0)
@@ -445,7 +447,7 @@ static void do_before(struct dev_state *st, vgpu_ledger_t *b, int dev, int pct, 
     pthread_mutex_lock(&st->mu);
     if (wait_for || debt) {
         vgpu_bucket_refill(b, dev, pct, now_ns(), BURST_NS);
-        harvest(st, b);
+        harvest(st, b, dev);
     }
     if (measure && st->head - st->tail < RING) {
         p = &st->ring[st->head % RING];
@@ -453,7 +455,7 @@ static void do_before(struct dev_state *st, vgpu_ledger_t *b, int dev, int pct, 
             p->done = 0;
             p->graph = graph;
             p->sig = sig;
-            p->others = vgpu_board_others(dev);
+            p->others = __atomic_load_n(&st->others, __ATOMIC_RELAXED); /* read by this call's harvest */
             open_dev = dev;
             open_slot = st->head++;
         }
