@@ -6,8 +6,8 @@
  * CUDA_DEVICE_MEMORY_SHARED_CACHE=/usr/local/vgpu/<id>.cache, and /usr/local/vgpu/libvgpu.so is the
  * library), so when neither that variable nor any limit variable is set we look there: exactly one
  * acceptable region is used, and its limits hold; none, or more than one, and nothing is guessed.
- * Acceptable is what shm.c would accept: a regular file (not a symlink) owned by us or root, of
- * the region's size, with the magic and major version of layout 1.2. */
+ * Acceptable is what shm.c would accept (vgpu_region_distrust, and not a symlink), of the region's
+ * size, with the magic and major version of layout 1.2. */
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <dlfcn.h>
@@ -30,8 +30,7 @@ static int acceptable(int dir, const char *name)
 
     if (fd < 0)
         return 0;
-    ok = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && (st.st_uid == geteuid() || st.st_uid == 0) &&
-         st.st_size == (off_t)sizeof(vgpu_region_t) &&
+    ok = fstat(fd, &st) == 0 && !vgpu_region_distrust(&st) && st.st_size == (off_t)sizeof(vgpu_region_t) &&
          pread(fd, &head, offsetof(vgpu_region_t, owner_pid), 0) == (ssize_t)offsetof(vgpu_region_t, owner_pid) &&
          head.initialized_flag == VGPU_REGION_MAGIC && head.major_version == VGPU_REGION_MAJOR;
     close(fd);

@@ -207,31 +207,41 @@ static int open_file(const char *path, int *created)
     return fd;
 }
 
-/* the file is ours to trust: a regular file of our euid or root */
+VGPU_HIDDEN int vgpu_region_distrust(const struct stat *st)
+{
+    if (!S_ISREG(st->st_mode))
+        return VGPU_DISTRUST_TYPE;
+    if (st->st_uid != geteuid() && st->st_uid != 0)
+        return VGPU_DISTRUST_OWNER;
+    if (st->st_nlink != 1) /* a second name for some other file (we would initialise or share its bytes) */
+        return VGPU_DISTRUST_LINKS;
+    if (!(st->st_mode & S_IWUSR)) /* its owner made it read-only: root could still write it, not what was meant */
+        return VGPU_DISTRUST_READONLY;
+    return 0;
+}
+
+/* the file is ours to trust (vgpu_region_distrust), or a warning says why not */
 static int trusted(int fd, const char *path, struct stat *st)
 {
-    if (fstat(fd, st) != 0 || !S_ISREG(st->st_mode)) {
+    switch (fstat(fd, st) != 0 ? VGPU_DISTRUST_TYPE : vgpu_region_distrust(st)) {
+    case 0:
+        return 1;
+    case VGPU_DISTRUST_TYPE:
         VGPU_WARN("region %s is not a regular file; " PER_PROCESS, path);
         return 0;
-    }
-    if (st->st_uid != geteuid() && st->st_uid != 0) {
+    case VGPU_DISTRUST_OWNER:
         VGPU_WARN("region %s is owned by uid %d, not by us (uid %d) or root; refusing it (its limits could be "
                   "forged); " PER_PROCESS, path, (int)st->st_uid, (int)geteuid());
         return 0;
-    }
-    /* a second name for some other file (we would initialise or share that file's bytes) */
-    if (st->st_nlink != 1) {
+    case VGPU_DISTRUST_LINKS:
         VGPU_WARN("region %s has %lu names (a hard link to another file?); refusing it; " PER_PROCESS, path,
                   (unsigned long)st->st_nlink);
         return 0;
-    }
-    /* its owner made it read-only: root could still write it, but that is not what was meant */
-    if (!(st->st_mode & S_IWUSR)) {
+    default:
         VGPU_WARN("region %s is read-only (mode %03o); refusing it; " PER_PROCESS, path,
                   (unsigned)(st->st_mode & 0777));
         return 0;
     }
-    return 1;
 }
 
 /* every byte of the file backed by storage, so no later store into the mapping can SIGBUS */

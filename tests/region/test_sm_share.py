@@ -251,6 +251,8 @@ def test_scrubbed_environment_holds_the_region_beside_the_library(sim: Path, tmp
     (vgpu / "link.cache").symlink_to(vgpu / "0f4c1a2b.cache")
     (vgpu / "short.cache").write_bytes(b"\0" * 100)
     (vgpu / "foreign.cache").write_bytes(R.encode(uuids=[], limit=[0], magic=7))
+    (vgpu / "readonly.cache").write_bytes(R.encode(uuids=["GPU-sim"], limit=[0], sm_limit=[25]))
+    (vgpu / "readonly.cache").chmod(0o400)  # shm.c would refuse it, so it is no candidate either
     assert found()[0] == f"found={vgpu}/0f4c1a2b.cache"
     # two candidates: none is guessed, and the process says so
     (vgpu / "9e8d7c6b.cache").write_bytes(R.encode(uuids=["GPU-sim"], limit=[0], sm_limit=[25]))
