@@ -128,6 +128,27 @@ def region_defines() -> list[str]:
             f"-DSTATUS_OFF={R.SLOT_FIELDS['status'][0]}", f"-DUSED0_OFF={used0}"]
 
 
+# C for a watcher of a mapped region (compile with region_defines()): the sum HAMi's monitor takes,
+# used[0].total over live slots, lock-free; *procs gets proc_num when asked
+REGION_SUM_C = r"""
+#include <stddef.h>
+#include <stdint.h>
+static uint64_t region_sum(const unsigned char *r, int *procs)
+{
+    int n = __atomic_load_n((const int *)(r + PROC_NUM_OFF), __ATOMIC_RELAXED);
+    uint64_t sum = 0;
+    for (int i = 0; i < n && i < 1024; i++) {
+        const unsigned char *s = r + PROCS_OFF + (size_t)i * SLOT_SIZE;
+        if (__atomic_load_n((const int *)(s + STATUS_OFF), __ATOMIC_RELAXED))
+            sum += __atomic_load_n((const uint64_t *)(s + USED0_OFF), __ATOMIC_RELAXED);
+    }
+    if (procs)
+        *procs = n;
+    return sum;
+}
+"""
+
+
 @dataclass
 class Child:
     rc: int

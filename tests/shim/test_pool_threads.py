@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from .harness import Env, region_defines
+from .harness import REGION_SUM_C, Env, region_defines
 
 MiB = 1 << 20
 LIMIT_MB = 100
@@ -55,14 +55,7 @@ static void *watch_region(void *arg)
                 close(fd);
             continue;
         }
-        int n = __atomic_load_n((const int *)(r + PROC_NUM_OFF), __ATOMIC_RELAXED);
-        uint64_t sum = 0;
-        for (int i = 0; i < n && i < 1024; i++) {
-            const unsigned char *s = r + PROCS_OFF + (size_t)i * SLOT_SIZE;
-            if (__atomic_load_n((const int *)(s + STATUS_OFF), __ATOMIC_RELAXED))
-                sum += __atomic_load_n((const uint64_t *)(s + USED0_OFF), __ATOMIC_RELAXED);
-        }
-        raise_to(&max_region, sum);
+        raise_to(&max_region, region_sum(r, 0));
         raise_to(&max_real, fake_used(0));
     }
     return 0;
@@ -143,7 +136,8 @@ int main(int argc, char **argv)
 
 @pytest.mark.parametrize("threads", [8, 16])
 def test_threaded_pool_allocations_never_exceed_the_limit(env: Env, threads: int) -> None:
-    exe = env.compile_c("pool_threads", PROGRAM, *region_defines(), f"-L{env.fake_dir}", "-l:libcuda.so.1")
+    exe = env.compile_c("pool_threads", REGION_SUM_C + PROGRAM, *region_defines(), f"-L{env.fake_dir}",
+                        "-l:libcuda.so.1")
     child = env.run_c(exe, {"CUDA_DEVICE_MEMORY_LIMIT": f"{LIMIT_MB}m"}, args=[str(threads), "10000"], timeout=120)
     assert child.rc == 0, (child.rc, child.stdout, child.stderr)
     r = {k: int(v) for k, v in (line.split() for line in child.stdout.splitlines())}

@@ -17,7 +17,7 @@ import signal
 import subprocess
 import time
 
-from .harness import Env, region_defines
+from .harness import REGION_SUM_C, Env, region_defines
 
 MiB = 1 << 20
 LIMIT_MB = 256
@@ -181,13 +181,8 @@ static int watch(const char *region_path, uint64_t limit)
         if (last > max_phys)
             max_phys = last;
         if (r != MAP_FAILED) {
-            int n = __atomic_load_n((const int *)(r + PROC_NUM_OFF), __ATOMIC_RELAXED);
-            uint64_t sum = 0;
-            for (int i = 0; i < n && i < 1024; i++) {
-                const unsigned char *s = r + PROCS_OFF + (size_t)i * SLOT_SIZE;
-                if (__atomic_load_n((const int *)(s + STATUS_OFF), __ATOMIC_RELAXED))
-                    sum += __atomic_load_n((const uint64_t *)(s + USED0_OFF), __ATOMIC_RELAXED);
-            }
+            int n;
+            uint64_t sum = region_sum(r, &n);
             if (sum > max_region)
                 max_region = sum;
             if (last > limit && !told++) { /* the first time over: who held what (MiB), for the report */
@@ -249,7 +244,7 @@ def test_threaded_soak_with_random_kills_never_exceeds_the_limit(env: Env) -> No
     seconds = float(os.environ.get("VGPU_SOAK_SECONDS", "20"))
     procs = int(os.environ.get("VGPU_SOAK_PROCS", "4"))
     threads = int(os.environ.get("VGPU_SOAK_THREADS", "4"))
-    exe = env.compile_c("soak", PROGRAM, *region_defines(), f"-L{env.fake_dir}", "-l:libcuda.so.1")
+    exe = env.compile_c("soak", REGION_SUM_C + PROGRAM, *region_defines(), f"-L{env.fake_dir}", "-l:libcuda.so.1")
     shared, cache = str(env.tmp / "device"), str(env.tmp / "region")
     worker_env, plain_env = _env(env, shared, cache, True), _env(env, shared, cache, False)
     rng = random.Random(20)
