@@ -7,7 +7,8 @@
  *          atomic add, no lock.
  * release: an atomic subtract on our own slot, no lock.
  * force:   memory the driver already took (contexts, pool reserves): counted whatever the limit.
- * used:    the container-wide sum, as HAMi's monitor computes it; mine: this process's part.
+ * used:    the container-wide sum, as HAMi's monitor computes it, plus what exiting processes still
+ *          hold (region/slots.c, exit holds); mine: this process's part.
  * The region is attached on first use. When it cannot be (unwritable file, foreign format, all
  * slots live) a warning says why and the limits hold per process, with local counters. */
 #include <pthread.h>
@@ -185,5 +186,7 @@ VGPU_HIDDEN uint64_t vgpu_budget_used(int dev)
     if (!in_range(dev))
         return 0;
     r = region();
+    if (r)
+        vgpu_region_tidy();
     return r ? vgpu_region_sum_used(r, dev) : __atomic_load_n(&local_used[dev], __ATOMIC_RELAXED);
 }

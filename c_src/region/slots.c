@@ -28,11 +28,12 @@
 #define SANE_BYTES (1ull << 52) /* 4 PiB: more than any device; larger usage is garbage */
 
 /* /proc/<pid>/stat (pid 0: /proc/self/stat, right even where /proc is another namespace's):
- * state (field 3) and starttime (field 22). -1 when unreadable. */
-static int read_stat(int pid, char *state, uint64_t *start)
+ * state (field 3), flags (field 9) and starttime (field 22). -1 when unreadable. */
+static int read_stat_flags(int pid, char *state, unsigned long *flags, uint64_t *start)
 {
     char path[64], buf[1024], *p;
     unsigned long long st = 0;
+    unsigned long fl = 0;
     ssize_t n;
     int fd, field;
 
@@ -53,13 +54,67 @@ static int read_stat(int pid, char *state, uint64_t *start)
         return -1;
     *state = p[2];
     p += 2;
-    for (field = 3; field < 22 && *p; p++)
-        if (*p == ' ')
-            field++;
+    for (field = 3; field < 22 && *p; p++) {
+        if (*p != ' ')
+            continue;
+        field++;
+        if (field == 9 && sscanf(p + 1, "%lu", &fl) != 1)
+            return -1;
+    }
     if (field != 22 || sscanf(p, "%llu", &st) != 1)
         return -1;
+    *flags = fl;
     *start = st;
     return 0;
+}
+
+static int read_stat(int pid, char *state, uint64_t *start)
+{
+    unsigned long flags;
+    return read_stat_flags(pid, state, &flags, start);
+}
+
+/* "Threads:" of /proc/<pid>/status, 0 when unreadable */
+static int thread_count(int pid)
+{
+    char path[64], buf[2048], *p;
+    ssize_t n;
+    int fd, threads = 0;
+
+    snprintf(path, sizeof path, "/proc/%d/status", pid);
+    fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
+    n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0)
+        return 0;
+    buf[n] = '\0';
+    p = strstr(buf, "\nThreads:");
+    return p && sscanf(p + 9, "%d", &threads) == 1 ? threads : 0;
+}
+
+#define PF_EXITING_FLAG 0x4ul /* the kernel's PF_EXITING: set when a task starts to exit */
+
+/* Is the process (pid, start time) in our namespace still exiting? A dying process drops its
+ * liveness byte when its descriptors are released, and the kernel releases them in an order of its
+ * own: the driver's (which hold its device memory) can go after ours, and freeing a large context
+ * takes a while. Until the process is gone, a zombie whose other threads are gone too, its memory
+ * may still be held, so its slot stays counted. 0 when it is gone, or alive and not exiting (an
+ * exec dropped the byte: the old image's memory went with it). */
+static int still_exiting(int pid, uint64_t want_start)
+{
+    unsigned long flags;
+    uint64_t start;
+    char state;
+
+    if (pid <= 0 || (kill(pid, 0) != 0 && errno == ESRCH))
+        return 0;
+    if (read_stat_flags(pid, &state, &flags, &start) != 0 || start != want_start || state == 'X')
+        return 0; /* gone meanwhile, or the pid is another process's now */
+    if (state == 'Z')
+        return thread_count(pid) > 1; /* the leader is done; its last thread may not be */
+    return (flags & PF_EXITING_FLAG) != 0;
 }
 
 VGPU_HIDDEN uint64_t vgpu_proc_starttime(int pid)
@@ -158,6 +213,10 @@ VGPU_HIDDEN int vgpu_region_slot_alive(const vgpu_proc_slot_t *s, int thorough)
             return 1;
         if (live < 0) /* no OFD locks: the pid can be judged only in its own namespace */
             return id.ns != me->ns ? 1 : pid != me->pid && pid_user_alive(pid, id.start, 0);
+        /* the stamper has let go of its byte: alive while it is still exiting (its memory may be
+         * held until it is gone) */
+        if (id.ns == me->ns && pid != me->pid && still_exiting(pid, id.start))
+            return 1;
         /* the stamper is gone. A vendor process may have taken the slot over since (it never
          * rewrites the stamp): only a process with that pid here that maps the region is one. */
         return pid != me->pid && pid_user_alive(pid, 0, 1) &&
@@ -191,6 +250,94 @@ VGPU_HIDDEN void vgpu_region_free_slot(vgpu_proc_slot_t *s)
     __atomic_store_n(&s->pid, 0, __ATOMIC_RELEASE);
 }
 
+/* ---- exit holds ----
+ * A process that exits still holds device memory until the driver frees it, after our destructor
+ * (contexts, pool reserves, what nobody freed). So our destructor does not free a slot that still
+ * counts bytes: it writes them as the slot's exit hold (device_util[d].unused[0], words nobody else
+ * writes) and gives the slot status 0. The monitor stops counting the process at once, as it does
+ * for a vendor process's exit; our own sums go on counting the hold while the stamp is intact,
+ * until a reap finds the process gone (vgpu_region_slot_alive: gone, not merely exiting). */
+static uint64_t *hold_word(vgpu_proc_slot_t *s, int dev)
+{
+    return &s->device_util[dev].unused[0];
+}
+
+/* bytes held on dev by the exited owner of a free slot (0 for a live slot, or a hold whose stamp a
+ * vendor process has overwritten since) */
+static uint64_t exit_hold(const vgpu_proc_slot_t *s, int dev)
+{
+    uint64_t v = __atomic_load_n(&s->device_util[dev].unused[0], __ATOMIC_ACQUIRE);
+    vgpu_ident_t id;
+
+    return v && vgpu_stamp_read(s, &id) ? v : 0;
+}
+
+static int holds_any(const vgpu_proc_slot_t *s)
+{
+    int d;
+    for (d = 0; d < VGPU_MAX_DEVICES; d++)
+        if (exit_hold(s, d))
+            return 1;
+    return 0;
+}
+
+VGPU_HIDDEN void vgpu_region_leave(vgpu_proc_slot_t *s, const uint64_t held[VGPU_MAX_DEVICES])
+{
+    int d, any = 0;
+    vgpu_ident_t id;
+
+    for (d = 0; d < VGPU_MAX_DEVICES; d++)
+        any |= held[d] != 0;
+    if (!any || !vgpu_stamp_read(s, &id)) { /* nothing held, or no stamp to keep a hold alive by */
+        vgpu_region_free_slot(s);
+        return;
+    }
+    for (d = 0; d < VGPU_MAX_DEVICES; d++)
+        __atomic_store_n(hold_word(s, d), held[d], __ATOMIC_RELAXED);
+    /* the hold is in place before the monitor stops counting: our sums never see neither */
+    __atomic_store_n(&s->status, VGPU_SLOT_FREE, __ATOMIC_RELEASE);
+}
+
+/* a free slot with a hold word set (a cheap look: no stamp check) */
+static int hold_set(vgpu_proc_slot_t *s)
+{
+    int d;
+    for (d = 0; d < VGPU_MAX_DEVICES; d++)
+        if (__atomic_load_n(hold_word(s, d), __ATOMIC_RELAXED))
+            return 1;
+    return 0;
+}
+
+/* lock held: a free slot's hold whose process is gone, or whose stamp no longer holds, goes */
+static int reap_hold(vgpu_proc_slot_t *s, int thorough)
+{
+    if (!hold_set(s) || (holds_any(s) && vgpu_region_slot_alive(s, thorough)))
+        return 0;
+    vgpu_region_free_slot(s);
+    return 1;
+}
+
+/* Reports (cuMemGetInfo, NVML) count exit holds too: drop those of processes now gone first, so
+ * a report never shows a finished process's memory. Only free slots with a hold cost a syscall. */
+VGPU_HIDDEN void vgpu_region_tidy(void)
+{
+    vgpu_region_t *r = vgpu_region_get();
+    int i, n, any = 0;
+
+    if (!r)
+        return;
+    n = clamp_procs(__atomic_load_n(&r->proc_num, __ATOMIC_ACQUIRE));
+    for (i = 0; i < n && !any; i++)
+        any = __atomic_load_n(&r->procs[i].status, __ATOMIC_ACQUIRE) == VGPU_SLOT_FREE && hold_set(&r->procs[i]);
+    if (!any)
+        return;
+    if (vgpu_region_trylock() == 0)
+        for (i = 0; i < n; i++)
+            if (__atomic_load_n(&r->procs[i].status, __ATOMIC_ACQUIRE) == VGPU_SLOT_FREE)
+                reap_hold(&r->procs[i], 0);
+    vgpu_region_unlock();
+}
+
 VGPU_HIDDEN int vgpu_region_reap(vgpu_region_t *r, int thorough)
 {
     int i, n = clamp_procs(__atomic_load_n(&r->proc_num, __ATOMIC_ACQUIRE)), freed = 0;
@@ -198,9 +345,12 @@ VGPU_HIDDEN int vgpu_region_reap(vgpu_region_t *r, int thorough)
 
     for (i = 0; i < n; i++) {
         vgpu_proc_slot_t *s = &r->procs[i];
-        if (__atomic_load_n(&s->status, __ATOMIC_ACQUIRE) == VGPU_SLOT_FREE ||
-            __atomic_load_n(&s->used[0].unused[1], __ATOMIC_RELAXED) == me->nonce)
-            continue; /* free, or ours */
+        if (__atomic_load_n(&s->status, __ATOMIC_ACQUIRE) == VGPU_SLOT_FREE) {
+            freed += reap_hold(s, thorough);
+            continue;
+        }
+        if (__atomic_load_n(&s->used[0].unused[1], __ATOMIC_RELAXED) == me->nonce)
+            continue; /* ours */
         if (!vgpu_region_slot_alive(s, thorough)) {
             vgpu_region_free_slot(s);
             freed++;
@@ -249,7 +399,8 @@ VGPU_HIDDEN vgpu_proc_slot_t *vgpu_region_claim_slot(vgpu_region_t *r)
         for (i = 0; i < n; i++) {
             vgpu_proc_slot_t *s = &r->procs[i];
             int seen = __atomic_load_n(&s->pid, __ATOMIC_RELAXED);
-            if (__atomic_load_n(&s->status, __ATOMIC_ACQUIRE) == VGPU_SLOT_FREE && take(s, seen, me->pid)) {
+            if (__atomic_load_n(&s->status, __ATOMIC_ACQUIRE) == VGPU_SLOT_FREE && !holds_any(s) &&
+                take(s, seen, me->pid)) {
                 fill_slot(s, me);
                 return s;
             }
@@ -280,13 +431,17 @@ static uint64_t sum_slots(const vgpu_region_t *r, int dev, int claims)
 
     if (dev < 0 || dev >= VGPU_MAX_DEVICES)
         return 0;
-    for (i = 0; i < n; i++)
-        if (__atomic_load_n(&r->procs[i].status, __ATOMIC_ACQUIRE) != VGPU_SLOT_FREE) {
-            v = __atomic_load_n(&r->procs[i].used[dev].total, __ATOMIC_RELAXED);
+    for (i = 0; i < n; i++) {
+        const vgpu_proc_slot_t *s = &r->procs[i];
+        if (__atomic_load_n(&s->status, __ATOMIC_ACQUIRE) != VGPU_SLOT_FREE) {
+            v = __atomic_load_n(&s->used[dev].total, __ATOMIC_RELAXED);
             sum = sum > UINT64_MAX - v ? UINT64_MAX : sum + v;
-            v = claims ? __atomic_load_n(&r->procs[i].used[dev].unused[2], __ATOMIC_RELAXED) : 0;
-            sum = sum > UINT64_MAX - v ? UINT64_MAX : sum + v;
+            v = claims ? __atomic_load_n(&s->used[dev].unused[2], __ATOMIC_RELAXED) : 0;
+        } else {
+            v = __atomic_load_n(&s->device_util[dev].unused[0], __ATOMIC_RELAXED) ? exit_hold(s, dev) : 0;
         }
+        sum = sum > UINT64_MAX - v ? UINT64_MAX : sum + v;
+    }
     return sum;
 }
 

@@ -255,14 +255,21 @@ EXPORT unsigned long long fake_used_all(int dev)
         return (dev >= 0 && dev < MAXDEV) ? __atomic_load_n(&dev_used[dev], __ATOMIC_RELAXED) : 0;
     for (int tries = 0; dev >= 0 && dev < MAXDEV && tries < 100000; tries++) {
         uint64_t seq = __atomic_load_n(shared_seq, __ATOMIC_SEQ_CST);
+        unsigned char counted[SHARED_ROWS];
+        int stable = 1;
         sum = 0;
         for (int i = 0; i < SHARED_ROWS; i++) {
             uint64_t v = __atomic_load_n(&rows[i].used[dev], __ATOMIC_SEQ_CST);
-            if (v && row_alive(i))
+            counted[i] = v && row_alive(i);
+            if (counted[i])
                 sum += v;
         }
-        if (__atomic_load_n(shared_seq, __ATOMIC_SEQ_CST) == seq)
-            return sum; /* no change completed meanwhile: one instant's use */
+        /* a process counted alive that died during the scan may have made room for a use counted
+         * after it: not one instant's use either */
+        for (int i = 0; i < SHARED_ROWS && stable; i++)
+            stable = !counted[i] || row_alive(i);
+        if (stable && __atomic_load_n(shared_seq, __ATOMIC_SEQ_CST) == seq)
+            return sum; /* no change completed and nobody died meanwhile: one instant's use */
     }
     return sum;
 }

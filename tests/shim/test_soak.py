@@ -2,7 +2,9 @@
 pool), managed and VMM allocations under one container limit, processes SIGKILLed at random and restarted.
 The fake driver's devices are shared by the processes (FAKE_CUDA_SHARED), so what a watcher samples is
 the container's physical use, transient claims and pool reserves included: it must never be above the
-limit. After everything exited nothing is left: no physical use, and a new process gets the whole limit.
+limit, also while processes exit or die (their memory counts until they are gone:
+tests/region/test_region_exit.py). After everything exited nothing is left: no physical use, and a new
+process gets the whole limit.
 
 About 20 s here; VGPU_SOAK_SECONDS=600 (and VGPU_SOAK_PROCS, VGPU_SOAK_THREADS) for a longer run, and to
 bisect a failure VGPU_SOAK_KINDS=12 (only kinds 1 and 2: 0 sync, 1 async, 2 pooled, 3 managed, 4 VMM) and
@@ -16,8 +18,6 @@ import random
 import signal
 import subprocess
 import time
-
-import pytest
 
 from .harness import REGION_SUM_C, Env, region_defines
 
@@ -242,12 +242,6 @@ def _env(env: Env, shared: str, cache: str, preload: bool) -> dict[str, str]:
     return e
 
 
-# Known open defect (issue 20 stays open for it): in about one 20 s run in three, the watcher sees a live
-# process holding device memory (30-74 MiB) while the region has no slot for it, and the container's
-# physical use goes over the limit by that much. Seen before and after the last region changes; the cause
-# is not found. Not strict, so CI reports it (xfail / xpass) without blocking on it.
-@pytest.mark.xfail(strict=False, reason="issue 20: a process's device memory seen without its region slot, "
-                                        "about 1 run in 3; cause not found")
 def test_threaded_soak_with_random_kills_never_exceeds_the_limit(env: Env) -> None:
     seconds = float(os.environ.get("VGPU_SOAK_SECONDS", "20"))
     procs = int(os.environ.get("VGPU_SOAK_PROCS", "4"))

@@ -10,9 +10,13 @@
  *   locktime                take and drop the region lock; prints rc and how long it took
  *   forksleep:MS            fork a child that sleeps MS ms without exec or any region use (not waited
  *                           for; "forked" once the child is running, its fork handlers done)
+ *   dying                   the last moments of an exit: our descriptors (the liveness byte's) are
+ *                           released, the main thread is done (a zombie leader), one thread is left
+ *                           until a line arrives on stdin; prints "dying" (the last step)
  *   bench:N:BYTES           time N reserve+release pairs on device 0; prints ns per pair
  *   benchcas:N:BYTES        the same with a process-local CAS counter (the fallback's cost)
  */
+#include <pthread.h>
 #include <signal.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -94,6 +98,21 @@ static int cas_reserve(uint64_t limit, uint64_t bytes)
 }
 
 static int step(char *s);
+
+/* the last thread of a dying process: our descriptor goes first, as the kernel may release it
+ * before the driver's; the process is gone once this thread ends */
+static void *last_thread(void *arg)
+{
+    char line[64];
+
+    (void)arg;
+    close(vgpu_region_lock_fd());
+    printf("dying\n");
+    fflush(stdout);
+    if (!fgets(line, sizeof line, stdin))
+        line[0] = 0;
+    _exit(0);
+}
 
 static int run_steps(char *list)
 {
@@ -185,6 +204,12 @@ static int step(char *s)
             __atomic_fetch_sub(&cas_used, n, __ATOMIC_RELAXED);
         }
         printf("benchcas ns=%.1f%s\n", (double)(mono_ns() - t0) / d, bad ? " refused" : "");
+    } else if (!strcmp(s, "dying")) {
+        pthread_t t;
+        fflush(stdout);
+        if (pthread_create(&t, 0, last_thread, 0) != 0)
+            return 1;
+        pthread_exit(0); /* the main thread is done: the leader is a zombie while `t` lives */
     } else if (!strcmp(s, "kill")) {
         fflush(stdout);
         raise(SIGKILL);
