@@ -2,7 +2,8 @@
  * whole container, and the monitor's launch signals.
  *
  * Every kernel, cooperative, Ex and graph launch passes through vgpu_limiter_before_launch(). No
- * thread. Every process that launches marks itself busy on the node's activity board (board.c);
+ * thread. Every process that launches marks itself busy on the node's activity board (board.c:
+ * without a limit for a while after each launch, with one until its queued work should be done);
  * with a region it does the monitor's part (below, no driver call); with an SM limit it throttles:
  *
  * 1. Measure, by sampling. One launch in SAMPLE (one in SAMPLE_SHARED while other contexts are
@@ -465,15 +466,15 @@ static void do_before(struct dev_state *st, vgpu_ledger_t *b, int dev, int pct, 
 
 static int states_ready;
 
-/* one more launch queued: on the board, we are busy until the queue should have drained. Counted at
- * our own time per launch, not the stretched one: if anything, a neighbour sees us idle too early and
- * charges itself more, never less (a wait in cuCtxSynchronize keeps the mark meanwhile anyway) */
+/* one more launch queued: on the board, we are busy until the queue should have drained, each launch
+ * counted at how long launches have lately held our stream (stretched by the neighbours' time slices
+ * as they are: our work is queued that long), or at its charge until one was measured */
 static void queued(struct dev_state *st, int dev, int graph)
 {
     long long now = now_ns(), end = __atomic_load_n(&st->queue_end, __ATOMIC_RELAXED),
-              own = __atomic_load_n(&st->est_ns[graph], __ATOMIC_RELAXED);
+              held = __atomic_load_n(&st->held_ns, __ATOMIC_RELAXED);
 
-    end = (end > now ? end : now) + (own > 0 ? own : __atomic_load_n(&st->held_ns, __ATOMIC_RELAXED));
+    end = (end > now ? end : now) + (held > 0 ? held : __atomic_load_n(&st->est_ns[graph], __ATOMIC_RELAXED));
     __atomic_store_n(&st->queue_end, end, __ATOMIC_RELAXED);
     vgpu_board_until(dev, end);
 }
@@ -493,7 +494,6 @@ static void throttle(CUstream stream, int dev, int pct, int graph, uint64_t sig)
     }
     st = &dev_state[dev];
     b = vgpu_bucket_of(dev);
-    queued(st, dev, graph);
     est = __atomic_load_n(&st->est_ns[graph], __ATOMIC_RELAXED);
     rate = __atomic_load_n(&st->others, __ATOMIC_RELAXED) ? SAMPLE_SHARED : SAMPLE;
     measure = est < 0 || !st->ready || (next_rand() & (rate - 1)) == 0;
@@ -502,10 +502,10 @@ static void throttle(CUstream stream, int dev, int pct, int graph, uint64_t sig)
         charge(st, b, est);
         if (VGPU_LIKELY(vgpu_bucket_tokens(b) >= 0 &&
                         coarse_ns() < __atomic_load_n(&st->next_harvest_ns, __ATOMIC_RELAXED)))
-            return;
+            goto launch;
     } else {
         /* recording into a capturing stream would tie our events to the user's graph: the graph's
-         * launch is measured instead */
+         * launch is measured instead (and nothing runs now) */
         if (ops.stream_is_capturing(stream, &cap) != CUDA_SUCCESS || cap != CU_STREAM_CAPTURE_STATUS_NONE)
             return;
         pthread_mutex_lock(&st->mu);
@@ -513,13 +513,15 @@ static void throttle(CUstream stream, int dev, int pct, int graph, uint64_t sig)
             measure = 0;
         pthread_mutex_unlock(&st->mu);
         if (!measure && !st->ready)
-            return;
+            goto launch;
         if (!measure && est > 0) /* another context's stream: charged like an unmeasured launch */
             charge(st, b, est);
     }
     pthread_mutex_lock(&st->throttle_mu);
     do_before(st, b, dev, pct, stream, measure, graph, sig);
     pthread_mutex_unlock(&st->throttle_mu);
+launch:
+    queued(st, dev, graph); /* after any debt is paid: asleep, we are not busy */
 }
 
 VGPU_HIDDEN void vgpu_limiter_before_launch(CUstream stream, int graph, uint64_t sig)
@@ -537,10 +539,14 @@ VGPU_HIDDEN void vgpu_limiter_before_launch(CUstream stream, int graph, uint64_t
     joined = vgpu_board_state(dev);
     if (VGPU_UNLIKELY(!joined))
         board_join(dev);
-    vgpu_board_mark(dev);
     /* the region's limit counts even when this process's env has none (a scrubbed environment) */
-    if (!(pct = percent_of(r, dev)))
+    if (!(pct = percent_of(r, dev))) {
+        vgpu_board_mark(dev); /* unmeasured: busy for a while after each launch */
         return;
+    }
+    /* measured: busy until our queue should have drained, not a flat while after each launch, which
+     * outlasts a throttled container's short bursts and made its neighbours see two contexts busy
+     * (and charge themselves half) while they ran alone */
     throttle(stream, dev, pct, graph ? 1 : 0, sig);
 }
 
