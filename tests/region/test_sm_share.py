@@ -108,8 +108,10 @@ def test_processes_of_a_container_share_its_limit(serial: Node, limit: int, n: i
 
 
 def test_processes_of_a_container_share_its_limit_with_stretched_kernels(sliced: Node) -> None:
+    # 0.42-0.44 on the 2-core machine (the simulator under-delivers here: 0.49 on the H200); per-process
+    # budgets give about 1.0
     [total] = sliced.run([(50, 2)], LONG_US)
-    assert 0.38 < total < 0.60, total
+    assert 0.33 < total < 0.60, total
 
 
 # ---- fairness between containers ----
