@@ -23,7 +23,7 @@ def test_one_budget_per_container(runner: ShareRunner, iters: int) -> None:
     [two] = runner.run([Container(50, 2)], iters)
     [three] = runner.run([Container(30, 3)], iters)
     print(f"\nFIGURE one container, iters {iters}: 2 processes at 50 -> {two:.3f}, 3 at 30 -> {three:.3f}")
-    # two H200 runs of the final limiter: 0.488-0.504 and 0.255-0.300 (docs/benchmarks.md#sm-shares); the
+    # three H200 runs of the final limiter: 0.469-0.504 and 0.255-0.300 (docs/benchmarks.md#sm-shares); the
     # older board marking gave 3 x 30 up to 0.376, which the upper bounds catch
     assert -0.06 <= two - 0.50 <= 0.04 and -0.05 <= three - 0.30 <= 0.04
 
@@ -36,6 +36,6 @@ def test_containers_share_fairly(runner: ShareRunner, iters: int) -> None:
     print(f"\nFIGURE containers, iters {iters}: 50/50 -> {half}, 25/25 -> {quarter}, 50 beside none -> {beside}")
     ceiling = runner.run([Container(None), Container(None)], iters, shim=False)  # what time-slicing gives
     assert min(half) >= min(0.42, 0.9 * min(ceiling)) and jain(half) >= 0.98
-    # 0.217-0.282 over two runs of the final limiter: the learning of a kernel's time alone is the spread
+    # 0.217-0.282 over three runs of the final limiter: the learning of a kernel's time alone is the spread
     assert all(0.20 <= q <= 0.33 for q in quarter) and jain(quarter) >= 0.98
     assert beside[0] >= min(0.42, 0.9 * min(ceiling))
