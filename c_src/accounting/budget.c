@@ -186,7 +186,8 @@ VGPU_HIDDEN uint64_t vgpu_budget_used(int dev)
     if (!in_range(dev))
         return 0;
     r = region();
-    if (r)
-        vgpu_region_tidy();
-    return r ? vgpu_region_sum_used(r, dev) : __atomic_load_n(&local_used[dev], __ATOMIC_RELAXED);
+    if (!r)
+        return __atomic_load_n(&local_used[dev], __ATOMIC_RELAXED);
+    vgpu_region_tidy();
+    return vgpu_region_sum_used(r, dev);
 }

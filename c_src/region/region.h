@@ -95,9 +95,9 @@ VGPU_HIDDEN void vgpu_region_file_id(uint64_t *dev, uint64_t *ino, const char **
 /* --- slots (lock held unless noted) --- */
 VGPU_HIDDEN vgpu_proc_slot_t *vgpu_region_claim_slot(vgpu_region_t *r);
 VGPU_HIDDEN void vgpu_region_free_slot(vgpu_proc_slot_t *s);
-/* our slot at exit: freed, or, while we still hold bytes (held[d]), left as an exit hold: status 0
+/* our slot at exit (lock held): freed, or, while we still hold bytes, left as an exit hold: status 0
  * for the monitor, still counted by our sums until a reap finds us gone */
-VGPU_HIDDEN void vgpu_region_leave(vgpu_proc_slot_t *s, const uint64_t held[VGPU_MAX_DEVICES]);
+VGPU_HIDDEN void vgpu_region_leave(vgpu_proc_slot_t *s);
 /* 1 when the slot's owner is alive: our stamp and its liveness byte, else the pid in our
  * namespace (exists, not a zombie, and, when `thorough`, maps the region) */
 VGPU_HIDDEN int vgpu_region_slot_alive(const vgpu_proc_slot_t *s, int thorough);

@@ -502,13 +502,8 @@ VGPU_HIDDEN void vgpu_region_detach(void)
     /* a child that never used the region owns no slot */
     self_slot = 0;
     if (s && region && owner_pid == (int)getpid() && vgpu_region_slot_is_self(region, s)) {
-        uint64_t held[VGPU_MAX_DEVICES];
-        int d;
-        /* what we still hold is freed by the driver only once we are gone: it stays counted */
-        for (d = 0; d < VGPU_MAX_DEVICES; d++)
-            held[d] = vgpu_region_self_used(d);
         vgpu_region_lock();
-        vgpu_region_leave(s, held);
+        vgpu_region_leave(s); /* what we still hold is freed only once we are gone: it stays counted */
         vgpu_region_unlock();
     }
     /* the mapping stays: other threads may still read it while the process exits */

@@ -281,19 +281,20 @@ static int holds_any(const vgpu_proc_slot_t *s)
     return 0;
 }
 
-VGPU_HIDDEN void vgpu_region_leave(vgpu_proc_slot_t *s, const uint64_t held[VGPU_MAX_DEVICES])
+/* our slot at exit: what the shadow says we still hold becomes its exit hold */
+VGPU_HIDDEN void vgpu_region_leave(vgpu_proc_slot_t *s)
 {
     int d, any = 0;
     vgpu_ident_t id;
 
     for (d = 0; d < VGPU_MAX_DEVICES; d++)
-        any |= held[d] != 0;
+        any |= vgpu_region_self_used(d) != 0;
     if (!any || !vgpu_stamp_read(s, &id)) { /* nothing held, or no stamp to keep a hold alive by */
         vgpu_region_free_slot(s);
         return;
     }
     for (d = 0; d < VGPU_MAX_DEVICES; d++)
-        __atomic_store_n(hold_word(s, d), held[d], __ATOMIC_RELAXED);
+        __atomic_store_n(hold_word(s, d), vgpu_region_self_used(d), __ATOMIC_RELAXED);
     /* the hold is in place before the monitor stops counting: our sums never see neither */
     __atomic_store_n(&s->status, VGPU_SLOT_FREE, __ATOMIC_RELEASE);
 }
@@ -438,7 +439,7 @@ static uint64_t sum_slots(const vgpu_region_t *r, int dev, int claims)
             sum = sum > UINT64_MAX - v ? UINT64_MAX : sum + v;
             v = claims ? __atomic_load_n(&s->used[dev].unused[2], __ATOMIC_RELAXED) : 0;
         } else {
-            v = __atomic_load_n(&s->device_util[dev].unused[0], __ATOMIC_RELAXED) ? exit_hold(s, dev) : 0;
+            v = exit_hold(s, dev);
         }
         sum = sum > UINT64_MAX - v ? UINT64_MAX : sum + v;
     }
