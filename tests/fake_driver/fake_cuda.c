@@ -213,7 +213,8 @@ static void shared_claim(void)
         }
         for (int d = 0; d < MAXDEV; d++)
             __atomic_store_n(&rows[i].used[d], 0, __ATOMIC_RELAXED);
-        __atomic_store_n(&rows[i].pid, me, __ATOMIC_RELEASE);
+        __atomic_store_n(&rows[i].pid, me, __ATOMIC_RELEASE); /* after the zeros (fake_used_all) */
+        __atomic_fetch_add(shared_seq, 1, __ATOMIC_SEQ_CST);
         dev_used = rows[i].used;
         return;
     }
@@ -261,6 +262,10 @@ EXPORT unsigned long long fake_used_all(int dev)
         for (int i = 0; i < SHARED_ROWS; i++) {
             uint64_t v = __atomic_load_n(&rows[i].used[dev], __ATOMIC_SEQ_CST);
             counted[i] = v && row_alive(i);
+            /* a dead owner's figure read just before a new owner zeroed the row and made it alive:
+             * alive now, the row must still show it */
+            if (counted[i] && __atomic_load_n(&rows[i].used[dev], __ATOMIC_SEQ_CST) != v)
+                stable = 0;
             if (counted[i])
                 sum += v;
         }

@@ -119,13 +119,14 @@ def emit(**kw):
 
 
 def region_defines() -> list[str]:
-    """-D flags giving a C watcher the region's layout (vgpu_patch.region): size, proc_num, slots, total."""
+    """-D flags giving a C watcher the region's layout (vgpu_patch.region): size, proc_num, slots, total, hold."""
     from vgpu_patch import region as R
 
     used0 = R.SLOT_FIELDS["used"][0] + R.MEMORY_FIELDS["total"]
+    hold0 = R.SLOT_FIELDS["device_util"][0] + R.UTIL_FIELDS["unused"]  # our exit hold (c_src/region/slots.c)
     return [f"-DREGION_SIZE={R.REGION_SIZE}", f"-DPROC_NUM_OFF={R.REGION_FIELDS['proc_num'][0]}",
             f"-DPROCS_OFF={R.REGION_FIELDS['procs'][0]}", f"-DSLOT_SIZE={R.SLOT_SIZE}",
-            f"-DSTATUS_OFF={R.SLOT_FIELDS['status'][0]}", f"-DUSED0_OFF={used0}"]
+            f"-DSTATUS_OFF={R.SLOT_FIELDS['status'][0]}", f"-DUSED0_OFF={used0}", f"-DHOLD0_OFF={hold0}"]
 
 
 # C for a watcher of a mapped region (compile with region_defines()): the sum HAMi's monitor takes,
