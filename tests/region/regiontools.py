@@ -24,6 +24,15 @@ def cc() -> str:
     return cc
 
 
+def build_program(d: Path, name: str, source: str, *sources: Path, includes: tuple[str, ...] = ()) -> Path:
+    """A test's own C program (source), linked with shim sources, built in d; the executable."""
+    (d / f"{name}.c").write_text(source)
+    out = d / name
+    subprocess.run([cc(), *CFLAGS, *(f"-I{i}" for i in includes), str(d / f"{name}.c"), *map(str, sources), "-o",
+                    str(out), "-lpthread"], check=True)
+    return out
+
+
 def run_tool(tool: Path, env: dict[str, str], *steps: str, **env_extra: str) -> subprocess.CompletedProcess:
     """Run the tool to completion; fail the test on a non-zero exit."""
     e = {**env, **env_extra}

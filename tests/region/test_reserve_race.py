@@ -15,7 +15,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from regiontools import C_SRC, CFLAGS, REGION_SOURCES, Held, cc, lines, run_tool
+from regiontools import REGION_SOURCES, Held, build_program, lines, run_tool
 
 from vgpu_patch import region as R
 
@@ -153,12 +153,7 @@ int main(int argc, char **argv)
 
 @pytest.fixture(scope="module")
 def racer(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    d = tmp_path_factory.mktemp("racer")
-    (d / "racer.c").write_text(RACER)
-    out = d / "racer"
-    subprocess.run([cc(), *CFLAGS, f"-I{C_SRC}", str(d / "racer.c"), *map(str, REGION_SOURCES), "-o", str(out),
-                    "-lpthread"], check=True)
-    return out
+    return build_program(tmp_path_factory.mktemp("racer"), "racer", RACER, *REGION_SOURCES)
 
 
 def _oracle(path: Path) -> tuple[int, int, int, int]:
