@@ -1,4 +1,5 @@
-/* The node-wide GPU activity board (board.c): which other contexts are busy on a device now. */
+/* The node-wide GPU activity board (board.c): which other contexts are busy on a device, now and
+ * lately. */
 #ifndef VGPU_LIMITER_BOARD_H
 #define VGPU_LIMITER_BOARD_H
 
@@ -20,5 +21,8 @@ VGPU_HIDDEN void vgpu_board_hold(int dev);
 VGPU_HIDDEN void vgpu_board_release(int dev);
 /* how many other processes marked dev busy and still are (0 without a board) */
 VGPU_HIDDEN int vgpu_board_others(int dev);
+/* how long other processes were busy on dev within [t0, t1] (CLOCK_MONOTONIC ns), summed over them,
+ * each at most t1 - t0 (0 without a board) */
+VGPU_HIDDEN int64_t vgpu_board_busy(int dev, int64_t t0, int64_t t1);
 
 #endif

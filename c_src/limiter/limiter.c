@@ -12,9 +12,9 @@
  * 2. Charge our own share of E. Without MPS the GPU time-slices between contexts: a kernel longer
  *    than a slice is stretched by every other busy context (on an H200, E = 2.18 ms alone, 4.63 ms
  *    beside one busy context, 6.90 ms beside two), while short ones take turns between slices and
- *    are not (29 us alone or not). With k = 1 + the other processes busy on the board when the
- *    launch was made and when it was harvested (half each, at most MAX_K), a measured launch of
- *    some kernel (function and launch shape) or graph is charged
+ *    are not (29 us alone or not). With k = 1 + how many other processes were busy on the board,
+ *    on average, while the launch ran (at most MAX_K), a measured launch of some kernel (function
+ *    and launch shape) or graph is charged
  *        E                       alone (exact, as before);
  *        E / k                   when E / k >= STRETCH_NS (long: stretched), or, once it has been
  *        max(min(E, A), E/(k+1)) measured alone (A: its least E then), its own time A: the GPU's switching
@@ -22,7 +22,13 @@
  *                                outlived its work does not make an unstretched launch cheap;
  *        max(E / k, min(E, L))   otherwise, L being its least E seen: a short launch beside busy
  *                                neighbours, which take turns with it, is charged E.
- *    It is never below E / k, whatever the board says.
+ *    It is never below E / k, whatever the board says. When it ran: a reference event, recorded
+ *    now and then before a measured launch, maps the GPU's event times to our clock (each measured
+ *    launch's start event cannot complete before the moment it was recorded, so the latest such
+ *    bound is the mapping); its end event's time, less E, is when it began. The board keeps each
+ *    process's recent busy stretches, so a neighbour's burst between two looks counts. Without a
+ *    mapping (yet), the interval is from its launch (or E before a harvest last found it still
+ *    running) to its harvest.
  *    Unmeasured launches are charged a running estimate of one launch's charge per kind (kernel,
  *    graph), with no driver call at all.
  * 3. Budget. One token bucket per container and device (bucket.c, in the region: every process of
@@ -33,8 +39,9 @@
  *    how far the CPU may run ahead of the GPU while measuring.
  * Driver calls per throttled launch, on average, alone: (SAMPLE-1)/SAMPLE launches make none (one
  * cuCtxGetDevice when the process sees more than one device); a sampled one makes
- * cuStreamIsCapturing, cuCtxGetCurrent, two cuEventRecord, and at harvest cuEventQuery and
- * cuEventElapsedTime: 6/SAMPLE = 0.19 per launch (bench/limiter_launch.py counts them).
+ * cuStreamIsCapturing, cuCtxGetCurrent, two cuEventRecord, and at harvest cuEventQuery and three
+ * cuEventElapsedTime (its E, and its two events against the reference), plus one cuEventRecord of
+ * the reference every REF_EVERY_NS: 8/SAMPLE = 0.25 per launch (bench/limiter_launch.py counts them).
  *
  * Over any few hundred milliseconds the container gets pct% of the device's time, so a
  * compute-bound loop runs at pct% of its unthrottled throughput, split among its processes
@@ -58,6 +65,7 @@
  *   region/shm.c), and recent_kernel is marked RECENT_KERNEL_MARK unless the monitor made it
  *   negative, which we never overwrite.
  * We report our share of GPU time (what we charged) in our slot's device_util[dev].sm_util. */
+#include <limits.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -83,14 +91,17 @@
 #define MAX_K 8              /* a board claiming more busy contexts is not believed beyond this */
 #define STRETCH_NS 500000ll /* a launch whose share is this long spans the GPU's time slices */
 #define SOLO 256             /* kernels remembered per device (direct-mapped by their shape) */
+#define REF_EVERY_NS 4000000000ll /* the reference event is recorded afresh: drift and float precision */
+#define MAP_SLACK_NS 200000ll     /* a mapped end later than this past the harvest: the mapping is off */
 
 VGPU_HIDDEN int vgpu_limiter_enabled = 0;
 
 struct pair {
     CUevent start, end;
-    int done;   /* end recorded: the pair can be harvested once `end` completes */
-    int graph;  /* which estimate it feeds */
-    int others; /* other busy contexts on the board at launch */
+    int done;       /* end recorded: the pair can be harvested once `end` completes */
+    int graph;      /* which estimate it feeds */
+    long long t0;   /* launched (CLOCK_MONOTONIC ns) */
+    long long late; /* a harvest found it unfinished then (0: none did) */
     uint64_t sig;
 };
 
@@ -101,13 +112,16 @@ struct dev_state {
     struct pair ring[RING];
     int ready;           /* events created */
     unsigned head, tail; /* pairs in flight are [tail, head) */
-    int others;          /* atomic: other busy contexts at the last harvest */
+    int others;          /* atomic: other busy contexts at the last harvest, or during the last launch harvested */
     long long next_harvest_ns; /* atomic read on the fast path */
     long long charged_ns;      /* atomic: GPU time charged since the last utilisation report */
     long long window_start_ns;
     long long est_ns[2]; /* atomic: one launch's charge, kernel / graph; < 0 = not measured yet */
     long long held_ns;   /* atomic: one launch's E, as measured (stretch included) */
     long long queue_end; /* atomic: when the work we queued should be done (for the board) */
+    CUevent ref;         /* the reference event (mu): measured launches' event times in our clock */
+    long long ref_at;    /* when it was last recorded; 0 never */
+    long long anchor;    /* our clock at the reference's GPU time, the latest lower bound; LLONG_MIN none */
     struct {
         uint64_t sig;
         long long least; /* the least E seen */
@@ -296,6 +310,8 @@ static int ensure_events(struct dev_state *st)
         if ((!st->ring[i].start && ops.event_create(&st->ring[i].start, CU_EVENT_DEFAULT) != CUDA_SUCCESS) ||
             (!st->ring[i].end && ops.event_create(&st->ring[i].end, CU_EVENT_DEFAULT) != CUDA_SUCCESS))
             return 0; /* the ones created are kept for the next try */
+    if (!st->ref && ops.event_create(&st->ref, CU_EVENT_DEFAULT) != CUDA_SUCCESS)
+        st->ref = 0; /* no mapping: launches are placed between their launch and harvest */
     st->ctx = cur;
     st->ready = 1;
     st->window_start_ns = now_ns();
@@ -315,12 +331,12 @@ static unsigned solo_slot(uint64_t sig)
     return (unsigned)(sig >> 40) & (SOLO - 1);
 }
 
-/* mu held: our own share of a measured launch that held its stream for e ns (see the top); the
- * other busy contexts are counted when it was launched and when it is harvested, half each */
-static long long own_share(struct dev_state *st, const struct pair *p, long long e, int others)
+/* mu held: our own share of a measured launch that held its stream for e ns (see the top), others
+ * busy beside it k_milli / 1000 - 1 on average (0: nobody at any time) */
+static long long own_share(struct dev_state *st, const struct pair *p, long long e, long long k_milli)
 {
     unsigned i = solo_slot(p->sig);
-    long long least = -1, alone = -1, twice_k, share, floor;
+    long long least = -1, alone = -1, share, floor;
 
     if (st->solo[i].sig == p->sig) {
         least = st->solo[i].least;
@@ -331,52 +347,98 @@ static long long own_share(struct dev_state *st, const struct pair *p, long long
     }
     if (least < 0 || e < least)
         st->solo[i].least = least = e;
-    if (!p->others && !others) { /* alone the whole time: E is the truth */
+    if (k_milli <= 1000) { /* alone the whole time: E is the truth */
         if (alone < 0 || e < alone) /* the least: a neighbour that joined unseen only ever adds */
             st->solo[i].alone = e;
         return e;
     }
-    twice_k = 2 + (p->others < MAX_K - 1 ? p->others : MAX_K - 1) + (others < MAX_K - 1 ? others : MAX_K - 1);
-    share = e * 2 / twice_k;
+    share = e * 1000 / k_milli;
     if (share >= STRETCH_NS) { /* long enough to span time slices: stretched by every busy context */
         if (alone < 0)
             return share;
         /* its time alone is its own time (the GPU's switching between contexts is nobody's), but never
          * less than a share among one more context than the board counts */
         floor = e < alone ? e : alone;
-        share = e * 2 / (twice_k + 2);
+        share = e * 1000 / (k_milli + 1000);
         return floor > share ? floor : share;
     }
     floor = e < least ? e : least; /* short: takes turns with the others; E is its own */
     return share > floor ? share : floor;
 }
 
-/* mu held: charge every measured launch whose end event has completed, oldest first; the board is
- * read once for all of them (and kept in st->others for the sampling rate) */
+/* mu held: when a launch that held its stream for e ns ran, in our clock: *from and *to. Mapped
+ * through the reference event when it can be, else from its launch (or from e before a harvest last
+ * found it unfinished: it ended after that) to now. */
+static void when_ran(struct dev_state *st, const struct pair *p, long long e, long long now, long long *from,
+                     long long *to)
+{
+    float a, z;
+    long long lo, end;
+
+    *from = p->late - e > p->t0 ? p->late - e : p->t0;
+    *to = now;
+    if (!st->ref_at || st->ref_at > p->t0 || ops.event_elapsed(&a, st->ref, p->start) != CUDA_SUCCESS ||
+        ops.event_elapsed(&z, st->ref, p->end) != CUDA_SUCCESS)
+        return;
+    lo = p->t0 - (long long)((double)a * 1e6); /* its start completed after it was recorded */
+    if (lo > st->anchor)
+        st->anchor = lo;
+    end = st->anchor + (long long)((double)z * 1e6);
+    if (end > now + MAP_SLACK_NS) { /* ended after we saw it done: the clocks drifted apart */
+        st->anchor = LLONG_MIN;
+        return;
+    }
+    *to = end < now ? end : now;
+    *from = *to - e > p->t0 ? *to - e : p->t0;
+}
+
+/* how many contexts, on average and ours included, in thousandths, were busy within [from, to] */
+static long long contexts_milli(int dev, long long from, long long to)
+{
+    long long busy, k;
+
+    if (to <= from)
+        return 1000;
+    busy = vgpu_board_busy(dev, from, to);
+    k = 1000 + (busy > 0 ? busy * 1000 / (to - from) : 0);
+    if (busy > 0 && k == 1000)
+        k = 1001; /* someone was busy meanwhile: not alone */
+    return k < MAX_K * 1000 ? k : MAX_K * 1000;
+}
+
+/* mu held: charge every measured launch whose end event has completed, oldest first; st->others
+ * (for the sampling rate) says whether others are busy now or were during the last one */
 static void harvest(struct dev_state *st, vgpu_ledger_t *b, int dev)
 {
     int others = vgpu_board_others(dev);
+    long long now = now_ns();
 
-    __atomic_store_n(&st->others, others, __ATOMIC_RELAXED);
     while (st->tail != st->head) {
         struct pair *p = &st->ring[st->tail % RING];
-        long long ns, est;
+        long long ns, est, k, from, to;
         float ms = 0;
 
-        if (!p->done || ops.event_query(p->end) != CUDA_SUCCESS)
+        if (!p->done || ops.event_query(p->end) != CUDA_SUCCESS) {
+            p->late = now;
             break;
+        }
         if (ops.event_elapsed(&ms, p->start, p->end) != CUDA_SUCCESS || ms < 0)
             ms = 0;
         ns = (long long)((double)ms * 1e6);
         est = __atomic_load_n(&st->held_ns, __ATOMIC_RELAXED);
         __atomic_store_n(&st->held_ns, est <= 0 ? ns : est + (ns - est) / 4, __ATOMIC_RELAXED);
-        ns = own_share(st, p, ns, others);
+        when_ran(st, p, ns, now, &from, &to);
+        k = contexts_milli(dev, from, to);
+        if (k > 1000 && !others)
+            others = 1;
+        ns = own_share(st, p, ns, k);
         charge(st, b, ns);
         est = __atomic_load_n(&st->est_ns[p->graph], __ATOMIC_RELAXED);
         __atomic_store_n(&st->est_ns[p->graph], est < 0 ? ns : est + (ns - est) / 4, __ATOMIC_RELAXED);
         p->done = 0;
         st->tail++;
     }
+    __atomic_store_n(&st->others, others, __ATOMIC_RELAXED);
 }
 
 /* once a second: our measured SM share in our slot's sm_util */
@@ -451,12 +513,19 @@ static void do_before(struct dev_state *st, vgpu_ledger_t *b, int dev, int pct, 
         harvest(st, b, dev);
     }
     if (measure && st->head - st->tail < RING) {
+        long long t0 = now_ns();
         p = &st->ring[st->head % RING];
+        if (st->ref && (!st->ref_at || t0 - st->ref_at > REF_EVERY_NS) &&
+            ops.event_record(st->ref, stream) == CUDA_SUCCESS) {
+            st->ref_at = t0;
+            st->anchor = LLONG_MIN;
+        }
         if (ops.event_record(p->start, stream) == CUDA_SUCCESS) { /* else another context's stream */
             p->done = 0;
             p->graph = graph;
             p->sig = sig;
-            p->others = __atomic_load_n(&st->others, __ATOMIC_RELAXED); /* read by this call's harvest */
+            p->t0 = t0; /* before the record: its start cannot complete earlier */
+            p->late = 0;
             open_dev = dev;
             open_slot = st->head++;
         }

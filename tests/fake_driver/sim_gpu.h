@@ -21,7 +21,7 @@
 #include <unistd.h>
 
 #define SIM_PROCS 64
-#define SIM_EVENTS 128 /* the limiter's ring holds 64 pairs */
+#define SIM_EVENTS 130 /* the limiter's ring holds 64 pairs, and its reference event */
 
 struct sim_proc {
     int pid;

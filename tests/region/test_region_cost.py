@@ -26,7 +26,7 @@ def test_throttled_launch_makes_at_most_two_extra_driver_calls(cost, tmp_path: P
     free = launch_cost(tool, shim, fake, tmp_path / "a", 100_000)
     limited = launch_cost(tool, shim, fake, tmp_path / "b", 100_000, CUDA_DEVICE_SM_LIMIT="50")
     assert free["extra_calls"] == 0  # no SM limit: the monitor's part makes no driver call
-    assert 0 < limited["extra_calls"] <= 2, limited  # measured: 6 calls per 32 sampled launches = 0.19
+    assert 0 < limited["extra_calls"] <= 2, limited  # 8 calls per 32 sampled launches = 0.25
     forced = launch_cost(tool, shim, fake, tmp_path / "c", 100_000, CUDA_DEVICE_SM_LIMIT="50",
                          GPU_CORE_UTILIZATION_POLICY="force")
     assert forced["extra_calls"] <= 2
