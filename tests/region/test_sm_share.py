@@ -114,36 +114,37 @@ def test_processes_of_a_container_share_its_limit_with_stretched_kernels(sliced:
     sibling ran in a burst between two looks at the board: 0.476-0.479 and 0.282-0.288 here, 0.493-0.509 and
     0.290-0.303 on the H200; per-process budgets give about 1.0, two looks at the board 0.42-0.44 and 0.21-0.23."""
     [total] = sliced.run([(limit, n)], LONG_US)
-    assert limit / 100 - 0.06 < total < limit / 100 + 0.04, total
+    assert limit / 100 - 0.08 < total < limit / 100 + 0.04, total  # room below for a loaded CI machine
 
 
 # ---- fairness between containers ----
 
 def test_equal_limits_get_equal_shares(sliced: Node) -> None:
     """Two containers at 50 on a time-sliced GPU: together they keep it busy (a quarter each, 0.50 together,
-    without the board), evenly: 0.476-0.478 each here, 0.439-0.479 on the H200."""
+    without the board), evenly: 0.476-0.478 each here, 0.439-0.479 on the H200. The bounds leave room for
+    a loaded CI machine; the uneven split two looks at the board gave (0.28 / 0.47) fails them."""
     a, b = sliced.run([(50, 1), (50, 1)], LONG_US)
-    assert min(a, b) > 0.42 and max(a, b) < 0.54 and jain([a, b]) >= 0.98, (a, b)
+    assert min(a, b) > 0.36 and max(a, b) < 0.54 and a + b > 0.80 and jain([a, b]) >= 0.95, (a, b)
 
 
 def test_quarter_limits_hold_side_by_side(sliced: Node) -> None:
     # 0.239-0.245 here, 0.247-0.258 on the H200
     a, b = sliced.run([(25, 1), (25, 1)], LONG_US)
-    assert 0.20 < a < 0.29 and 0.20 < b < 0.29, (a, b)
-    assert jain([a, b]) >= 0.98
+    assert 0.18 < a < 0.29 and 0.18 < b < 0.29, (a, b)
+    assert jain([a, b]) >= 0.95
 
 
 def test_unequal_limits(sliced: Node) -> None:
     # 0.288-0.292 / 0.663-0.666 here, 0.297-0.303 / 0.620-0.627 on the H200
     a, b = sliced.run([(30, 1), (70, 1)], LONG_US)
-    assert 0.24 < a < 0.34 and b > 0.55, (a, b)
+    assert 0.22 < a < 0.34 and b > 0.50, (a, b)
 
 
 def test_limited_beside_unlimited(sliced: Node) -> None:
     """The neighbour never stops: our kernels are always stretched, and still charged only our part
     (0.473-0.479 here, 0.457 on the H200)."""
     limited, unlimited = sliced.run([(50, 1), (None, 1)], LONG_US)
-    assert limited > 0.42 and unlimited > 0.38, (limited, unlimited)
+    assert limited > 0.40 and unlimited > 0.38, (limited, unlimited)
 
 
 def test_without_the_board_neighbours_throttle_each_other(sliced: Node) -> None:

@@ -89,5 +89,5 @@ def test_two_containers_at_50_are_not_held_to_a_quarter(gpu_driver: tuple[Path, 
     H200: 0.439-0.479, docs/benchmarks.md#sm-shares). Before the board kept each process's busy history,
     this model split them unevenly in half its runs (0.28-0.35 / 0.48-0.50)."""
     a, b = run(gpu_driver, shim_path, tmp_path, [(50, 1), (50, 1)])
-    assert a + b > 0.85 and min(a, b) > 0.42 and max(a, b) < 0.56, (a, b)
-    assert (a + b) ** 2 / (2 * (a * a + b * b)) >= 0.98, (a, b)  # Jain's index
+    assert a + b > 0.80 and min(a, b) > 0.38 and max(a, b) < 0.56, (a, b)
+    assert (a + b) ** 2 / (2 * (a * a + b * b)) >= 0.95, (a, b)  # Jain's index (0.28 / 0.50 gives 0.92)
