@@ -179,15 +179,19 @@ VGPU_HIDDEN void vgpu_budget_atfork_child(void)
     memset(local_used, 0, sizeof local_used);
 }
 
-VGPU_HIDDEN uint64_t vgpu_budget_used(int dev)
+VGPU_HIDDEN uint64_t vgpu_budget_sum(int dev)
 {
     vgpu_region_t *r;
 
     if (!in_range(dev))
         return 0;
     r = region();
-    if (!r)
-        return __atomic_load_n(&local_used[dev], __ATOMIC_RELAXED);
-    vgpu_region_tidy();
-    return vgpu_region_sum_used(r, dev);
+    return r ? vgpu_region_sum_used(r, dev) : __atomic_load_n(&local_used[dev], __ATOMIC_RELAXED);
+}
+
+VGPU_HIDDEN uint64_t vgpu_budget_used(int dev)
+{
+    if (in_range(dev) && region())
+        vgpu_region_tidy();
+    return vgpu_budget_sum(dev);
 }

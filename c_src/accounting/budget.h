@@ -17,7 +17,10 @@ VGPU_HIDDEN void vgpu_budget_force(int dev, uint64_t bytes);
 VGPU_HIDDEN uint64_t vgpu_budget_mine(int dev);
 /* a forked child starts with nothing counted of its own */
 VGPU_HIDDEN void vgpu_budget_atfork_child(void);
+/* the container-wide sum, for reports and judgements: exit holds of processes gone are dropped first */
 VGPU_HIDDEN uint64_t vgpu_budget_used(int dev);
+/* the same as it stands, for a look on the allocation path (a reservation's slow path reaps anyway) */
+VGPU_HIDDEN uint64_t vgpu_budget_sum(int dev);
 /* bytes, 0 = no limit */
 VGPU_HIDDEN uint64_t vgpu_budget_limit(int dev);
 /* the same without attaching the region (a process that never allocates never creates one) */

@@ -59,7 +59,7 @@ VGPU_HIDDEN CUresult vgpu_charge(int dev, uint64_t bytes)
         return CUDA_SUCCESS; /* host or unknown location: not charged */
     limit = vgpu_budget_limit(dev);
     if (limit) {
-        uint64_t used = vgpu_budget_used(dev);
+        uint64_t used = vgpu_budget_sum(dev);
         if (VGPU_UNLIKELY(used + bytes + near_margin(limit) > limit || used + bytes < used))
             measured = vgpu_overhead_refresh(dev, 0);
     }

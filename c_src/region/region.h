@@ -105,7 +105,8 @@ VGPU_HIDDEN int vgpu_region_slot_alive(const vgpu_proc_slot_t *s, int thorough);
 VGPU_HIDDEN int vgpu_region_reap(vgpu_region_t *r, int thorough);
 /* exit holds of processes now gone, dropped (no wait for the lock; cheap when there are none) */
 VGPU_HIDDEN void vgpu_region_tidy(void);
-/* sum of used[dev].total over slots with status != 0 (the monitor's sum, saturating at 2^64-1) */
+/* sum of used[dev].total over slots with status != 0 (the monitor's sum), plus the exit holds of
+ * free slots (saturating at 2^64-1) */
 VGPU_HIDDEN uint64_t vgpu_region_sum_used(const vgpu_region_t *r, int dev);
 /* the same plus the claims in flight (used[dev].unused[2]): what a reservation must fit beside */
 VGPU_HIDDEN uint64_t vgpu_region_sum_claimed(const vgpu_region_t *r, int dev);

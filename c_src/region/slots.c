@@ -257,10 +257,6 @@ VGPU_HIDDEN void vgpu_region_free_slot(vgpu_proc_slot_t *s)
  * writes) and gives the slot status 0. The monitor stops counting the process at once, as it does
  * for a vendor process's exit; our own sums go on counting the hold while the stamp is intact,
  * until a reap finds the process gone (vgpu_region_slot_alive: gone, not merely exiting). */
-static uint64_t *hold_word(vgpu_proc_slot_t *s, int dev)
-{
-    return &s->device_util[dev].unused[0];
-}
 
 /* bytes held on dev by the exited owner of a free slot (0 for a live slot, or a hold whose stamp a
  * vendor process has overwritten since) */
@@ -272,13 +268,21 @@ static uint64_t exit_hold(const vgpu_proc_slot_t *s, int dev)
     return v && vgpu_stamp_read(s, &id) ? v : 0;
 }
 
-static int holds_any(const vgpu_proc_slot_t *s)
+/* a free slot with a hold word set (a cheap look: no stamp check) */
+static int hold_set(const vgpu_proc_slot_t *s)
 {
     int d;
     for (d = 0; d < VGPU_MAX_DEVICES; d++)
-        if (exit_hold(s, d))
+        if (__atomic_load_n(&s->device_util[d].unused[0], __ATOMIC_RELAXED))
             return 1;
     return 0;
+}
+
+/* an exit hold on some device (exit_hold() of any device: a word set, under an intact stamp) */
+static int holds_any(const vgpu_proc_slot_t *s)
+{
+    vgpu_ident_t id;
+    return hold_set(s) && vgpu_stamp_read(s, &id);
 }
 
 /* our slot at exit: what the shadow says we still hold becomes its exit hold */
@@ -294,25 +298,17 @@ VGPU_HIDDEN void vgpu_region_leave(vgpu_proc_slot_t *s)
         return;
     }
     for (d = 0; d < VGPU_MAX_DEVICES; d++)
-        __atomic_store_n(hold_word(s, d), vgpu_region_self_used(d), __ATOMIC_RELAXED);
+        __atomic_store_n(&s->device_util[d].unused[0], vgpu_region_self_used(d), __ATOMIC_RELAXED);
     /* the hold is in place before the monitor stops counting: our sums never see neither */
     __atomic_store_n(&s->status, VGPU_SLOT_FREE, __ATOMIC_RELEASE);
-}
-
-/* a free slot with a hold word set (a cheap look: no stamp check) */
-static int hold_set(vgpu_proc_slot_t *s)
-{
-    int d;
-    for (d = 0; d < VGPU_MAX_DEVICES; d++)
-        if (__atomic_load_n(hold_word(s, d), __ATOMIC_RELAXED))
-            return 1;
-    return 0;
 }
 
 /* lock held: a free slot's hold whose process is gone, or whose stamp no longer holds, goes */
 static int reap_hold(vgpu_proc_slot_t *s, int thorough)
 {
-    if (!hold_set(s) || (holds_any(s) && vgpu_region_slot_alive(s, thorough)))
+    vgpu_ident_t id;
+
+    if (!hold_set(s) || (vgpu_stamp_read(s, &id) && vgpu_region_slot_alive(s, thorough)))
         return 0;
     vgpu_region_free_slot(s);
     return 1;
