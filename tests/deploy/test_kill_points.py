@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from deploy_support import assert_whole, make_node, sha
 
-from vgpu_patch.deploy.swap import SwapHooks, deploy_file, node_status, rollback
+from vgpu_patch.deploy.swap import SwapHooks, SwapResult, deploy_file, node_status, rollback
 from vgpu_patch.errors import VgpuPatchError
 from vgpu_patch.transport.local import LocalTransport
 
@@ -89,27 +89,38 @@ def _points(t: LocalTransport, arm, run) -> int:  # type: ignore[no-untyped-def]
     return int(arm.commands())
 
 
-def test_deploy_killed_after_any_command(tmp_path: Path, libs, killer) -> None:
-    def v2(t: LocalTransport, hooks: SwapHooks) -> object:
-        return deploy_file(t, libs["v2"], DIR, operator="kp", hooks=hooks)
-
-    def fresh(name: str) -> tuple[LocalTransport, Path]:
+def _killed_at_each_point(tmp_path: Path, libs, arm, fresh, run):  # type: ignore[no-untyped-def]
+    """For each command k of `run` under the lock: a fresh node (fresh(root) -> its directory), `run` killed
+    after its k-th command; checks what holds after any kill (the run failed, the node holds v1 or v2 whole,
+    the history says which) and yields (k, transport, node directory, the live file)."""
+    def node(name: str) -> tuple[LocalTransport, Path]:
         root = tmp_path / name
-        d = make_node(root, libs["vendor"])
-        t = LocalTransport(root)
-        deploy_file(t, libs["v1"], DIR, operator="kp")
-        return t, d
+        d = fresh(root)
+        return LocalTransport(root), d
 
-    n = _points(fresh("count")[0], killer, v2)
+    n = _points(node("count")[0], arm, run)
     assert n >= 8, "the wrappers saw too few commands: is the PATH seam broken?"
     for k in range(1, n + 1):
-        t, d = fresh(f"k{k}")
+        t, d = node(f"k{k}")
         with pytest.raises(VgpuPatchError):
-            v2(t, killer(k))
-        killer(0)
+            run(t, arm(k))
+        arm(0)
         live = assert_whole(d / "libvgpu.so", libs["v1"], libs["v2"])
-        st = node_status(t, DIR)
-        assert not st.replaced_outside, f"kill after command {k}: the history does not say what is live"
+        status = node_status(t, DIR)
+        assert not status.replaced_outside, f"kill after command {k}: the history does not say what is live"
+        yield k, t, d, live
+
+
+def test_deploy_killed_after_any_command(tmp_path: Path, libs, killer) -> None:
+    def v2(t: LocalTransport, hooks: SwapHooks) -> SwapResult:
+        return deploy_file(t, libs["v2"], DIR, operator="kp", hooks=hooks)
+
+    def fresh(root: Path) -> Path:
+        d = make_node(root, libs["vendor"])
+        deploy_file(LocalTransport(root), libs["v1"], DIR, operator="kp")
+        return d
+
+    for k, t, d, live in _killed_at_each_point(tmp_path, libs, killer, fresh, v2):
         v2(t, killer(0))  # the rerun: a no-op when the swap went through, else the swap
         assert_whole(d / "libvgpu.so", libs["v2"])
         r = rollback(t, DIR, operator="kp")
@@ -148,26 +159,17 @@ def test_the_roles_rollback_pick_reads_a_pending_record(tmp_path: Path) -> None:
 
 
 def test_rollback_killed_after_any_command(tmp_path: Path, libs, killer) -> None:
-    def back(t: LocalTransport, hooks: SwapHooks) -> object:
+    def back(t: LocalTransport, hooks: SwapHooks) -> SwapResult:
         return rollback(t, DIR, operator="kp", hooks=hooks)
 
-    def fresh(name: str) -> tuple[LocalTransport, Path]:
-        root = tmp_path / name
+    def fresh(root: Path) -> Path:
         d = make_node(root, libs["vendor"])
         t = LocalTransport(root)
         deploy_file(t, libs["v1"], DIR, operator="kp")
         deploy_file(t, libs["v2"], DIR, operator="kp")
-        return t, d
+        return d
 
-    n = _points(fresh("count")[0], killer, back)
-    for k in range(1, n + 1):
-        t, d = fresh(f"k{k}")
-        with pytest.raises(VgpuPatchError):
-            back(t, killer(k))
-        killer(0)
-        live = assert_whole(d / "libvgpu.so", libs["v1"], libs["v2"])
-        st = node_status(t, DIR)
-        assert not st.replaced_outside, f"kill after command {k}: the history does not say what is live"
+    for k, t, d, live in _killed_at_each_point(tmp_path, libs, killer, fresh, back):
         # one more rollback goes one further back from what is live: v2 -> v1, v1 -> the vendor's
         want = libs["vendor"] if live == libs["v1"] else libs["v1"]
         r = back(t, killer(0))
