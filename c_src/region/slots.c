@@ -420,7 +420,11 @@ VGPU_HIDDEN vgpu_proc_slot_t *vgpu_region_claim_slot(vgpu_region_t *r)
     return 0;
 }
 
-/* the sum of used[dev].total (and, with `claims`, of the claims in flight) over live slots, saturating */
+/* the sum of used[dev].total (and, with `claims`, of the claims in flight) over live slots, saturating.
+ * A granted claim moves from the slot's pending word to its total (claim(): total first, then a release
+ * on pending), so the pending word is read first (acquire): read after the move it is 0 and the total
+ * read next has the claim. Read the other way round, a claim that completed between the two reads was
+ * in neither, and two reservers that each missed the other that way were both granted. */
 static uint64_t sum_slots(const vgpu_region_t *r, int dev, int claims)
 {
     int i, n = clamp_procs(__atomic_load_n(&r->proc_num, __ATOMIC_ACQUIRE));
@@ -431,9 +435,9 @@ static uint64_t sum_slots(const vgpu_region_t *r, int dev, int claims)
     for (i = 0; i < n; i++) {
         const vgpu_proc_slot_t *s = &r->procs[i];
         if (__atomic_load_n(&s->status, __ATOMIC_ACQUIRE) != VGPU_SLOT_FREE) {
-            v = __atomic_load_n(&s->used[dev].total, __ATOMIC_RELAXED);
+            v = claims ? __atomic_load_n(&s->used[dev].unused[2], __ATOMIC_ACQUIRE) : 0;
             sum = sum > UINT64_MAX - v ? UINT64_MAX : sum + v;
-            v = claims ? __atomic_load_n(&s->used[dev].unused[2], __ATOMIC_RELAXED) : 0;
+            v = __atomic_load_n(&s->used[dev].total, __ATOMIC_RELAXED);
         } else {
             v = exit_hold(s, dev);
         }
@@ -555,10 +559,11 @@ static void slot_add(vgpu_proc_slot_t *s, int dev, int kind, uint64_t bytes, int
     __atomic_fetch_add(&s->seqlock, 1, __ATOMIC_RELEASE);
 }
 
+/* release: a reader that sees the new value (acquire) sees what was written before it (claim()) */
 static void sub_saturating(uint64_t *p, uint64_t bytes)
 {
     uint64_t cur = __atomic_load_n(p, __ATOMIC_RELAXED);
-    while (!__atomic_compare_exchange_n(p, &cur, cur > bytes ? cur - bytes : 0, 1, __ATOMIC_RELAXED,
+    while (!__atomic_compare_exchange_n(p, &cur, cur > bytes ? cur - bytes : 0, 1, __ATOMIC_RELEASE,
                                         __ATOMIC_RELAXED))
         ;
 }
@@ -621,11 +626,13 @@ VGPU_HIDDEN uint64_t vgpu_region_sm_limit(int dev)
 
 /* Publish the claim as pending (a seq_cst add to our slot's used[dev].unused[2], a word the monitor
  * never reads), full fence, then sum every live slot's usage and pending claims, ours included; if it
- * fits, count it in our usage, then drop the pending word (in between it counts twice: safe). For any
- * two racing reservers A and B, the later of the two sums sees the other's claim (store->fence->load
- * on both sides: they cannot both miss), so two claims that do not fit together are never both kept.
- * A race can refuse a request that would have fitted (both see each other, both withdraw); it can
- * never exceed the limit, and the monitor's sum (usage only) never sees a claim that is withdrawn. */
+ * fits, count it in our usage, then drop the pending word (in between it counts twice: safe). A scan
+ * counts every claim published before it reaches that claim's slot, as pending or, once moved, in the
+ * total (sum_slots reads them in the order that makes this hold); so a scan can miss only a claim
+ * published after its own (store->fence->load on both sides), and the last claim published among any
+ * racing ones has seen all the others: claims that do not fit together are never all kept. A race can
+ * refuse a request that would have fitted (both see each other, both withdraw); it can never exceed the
+ * limit, and the monitor's sum (usage only) never sees a claim that is withdrawn. */
 static uint64_t *pending(vgpu_proc_slot_t *s, int dev)
 {
     return &s->used[dev].unused[2];

@@ -126,7 +126,7 @@ def test_only_the_part_inside_the_interval_counts(board: Board) -> None:
     mid = (a1 + z0) // 2  # inside the first burst
     busy, _ = board.read(mid, b0)
     between(busy, bursts, mid, b0)
-    assert busy < 20_000_000
+    assert busy < z0 - a1  # less than the whole burst, however long the machine made it
     busy, _ = board.read(z1, b0)  # the idle gap between them
     assert busy == 0
 
