@@ -27,6 +27,8 @@ struct slot {
     int dead;          /* destroyed with allocations outstanding: only frees remain */
     uint64_t charged;  /* what dev is charged for this pool (under grow) */
     uint64_t out;      /* bytes of its allocations made through us and not freed (under grow) */
+    uint64_t step_low; /* the pool grows in steps of at least this (0: none seen yet; under grow) */
+    uint64_t step_cap; /* ... and, as far as its growths show, of at most this (0: none seen) */
 };
 
 static struct slot *chunks[NCHUNKS];
@@ -102,7 +104,7 @@ static int slot_of(CUmemoryPool pool, int dev)
         s->pool = pool;
         s->dev = dev;
         s->dead = 0;
-        s->charged = s->out = 0;
+        s->charged = s->out = s->step_low = s->step_cap = 0;
     }
     pthread_mutex_unlock(&lock);
     if (i >= 0)
@@ -110,6 +112,40 @@ static int slot_of(CUmemoryPool pool, int dev)
     else if (!__atomic_exchange_n(&warned, 1, __ATOMIC_RELAXED))
         VGPU_WARN("more than %d memory pools in use: allocations from further pools are refused", VGPU_POOLS_MAX);
     return i;
+}
+
+/* ---- the pool's growth step (pool.h). A pool grows by its shortfall rounded up to a step S, a power
+ * of two. A growth g for a shortfall n leaves g - n < S (also when another thread trimmed or freed
+ * in between: the driver's shortfall then differs from ours by what the growth shows), so S is at
+ * least the next power of two above g - n; and S divides g, so S is at most the lowest set bit of g.
+ * The charge rounds up to the larger bound that both allow: S itself after a growth or two, never
+ * more while the pool's spare was usable, so a refusal on it is one the pool's real growth would
+ * have earned. (A fragmented spare the driver could not use makes g - n look larger: the bound is
+ * then at most the lowest set bit of every growth seen.) ---- */
+static uint64_t pow2_above(uint64_t x)
+{
+    return x >= (1ull << 63) ? 1ull << 63 : x ? 1ull << (64 - __builtin_clzll(x)) : 1;
+}
+
+static void learn_step(struct slot *s, uint64_t grew, uint64_t shortfall)
+{
+    uint64_t low = pow2_above(grew > shortfall ? grew - shortfall : 0), cap = grew & -grew;
+
+    if (low > s->step_low)
+        s->step_low = low;
+    if (!s->step_cap || cap < s->step_cap)
+        s->step_cap = cap;
+}
+
+/* the shortfall as the pool will grow for it: rounded up to the step it cannot be under */
+static uint64_t growth_for(const struct slot *s, uint64_t shortfall)
+{
+    uint64_t step = s->step_cap && s->step_cap < s->step_low ? s->step_cap : s->step_low, r;
+
+    if (!shortfall || step < 2)
+        return shortfall;
+    r = (shortfall + step - 1) & ~(step - 1);
+    return r < shortfall ? shortfall : r; /* saturated: the limit refuses it anyway */
 }
 
 /* grow held: charge dev exactly the reserve the driver reports */
@@ -164,7 +200,9 @@ VGPU_HIDDEN CUresult vgpu_pool_begin(struct vgpu_pool_op *op, int dev, CUmemoryP
         return vgpu_charge(dev, bytes);
     }
     settle_to(s, reserved); /* trimmed since the last allocation: the charge follows */
-    op->need = reserved - used >= bytes ? 0 : bytes - (reserved - used);
+    op->reserved = reserved;
+    op->shortfall = reserved - used >= bytes ? 0 : bytes - (reserved - used);
+    op->need = growth_for(s, op->shortfall);
     rc = vgpu_charge(dev, op->need);
     if (rc != CUDA_SUCCESS)
         pthread_mutex_unlock(&s->grow);
@@ -206,13 +244,15 @@ VGPU_HIDDEN CUresult vgpu_pool_end(struct vgpu_pool_op *op, CUresult rc, CUdevic
             vgpu_budget_release(s->dev, op->need);
             s->charged -= op->need;
         }
-    } else if (rc == CUDA_SUCCESS && reserved > s->charged) {
-        if (vgpu_budget_reserve(s->dev, reserved - s->charged) == 0)
+    } else {
+        if (rc == CUDA_SUCCESS && reserved > op->reserved)
+            learn_step(s, reserved - op->reserved, op->shortfall);
+        if (rc != CUDA_SUCCESS || reserved <= s->charged)
+            settle_to(s, reserved);
+        else if (vgpu_budget_reserve(s->dev, reserved - s->charged) == 0) /* grew by more than the step we knew */
             s->charged = reserved;
         else
             rc = undo(s, op->pool, dptr, st);
-    } else {
-        settle_to(s, reserved);
     }
     if (rc == CUDA_SUCCESS && vgpu_table_put(*dptr, VGPU_K_POOLED, op->slot, bytes) == 0) {
         s->out += bytes;

@@ -9,6 +9,11 @@
  * call, to vgpu_pool_end, which settles the charge to the reserve the driver reports. Threads that
  * saw the same spare reserve can therefore never all be let through (issue 20, item 1).
  *
+ * A pool grows in steps, not by the shortfall (32 MiB on an H200 with driver 580: a 1-byte
+ * allocation from an empty pool reserves 32 MiB). The step is learnt from the pool's growths, as a
+ * bound it cannot be under, and the shortfall is charged rounded up to it: an allocation whose
+ * step does not fit is refused before the pool grows, never grown past the limit and undone.
+ *
  * A pool destroyed while allocations are outstanding keeps their memory until they are freed
  * (the driver defers it): that part stays charged and is given back free by free. */
 #ifndef VGPU_POOL_H
@@ -27,6 +32,7 @@ struct vgpu_pool_op {
     int dev;
     int slot;      /* -1: charged per allocation (no reserve attribute), or nothing to charge */
     uint64_t need; /* charged before the call */
+    uint64_t shortfall, reserved; /* what the spare reserve lacked, and the reserve, at the start */
     CUmemoryPool pool;
 };
 

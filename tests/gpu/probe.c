@@ -3,7 +3,9 @@
  *   probe limit        cuMemGetInfo / cuDeviceTotalMem, then 512 MiB allocations until refused
  *   probe vmm          cuMemCreate (device and host-NUMA locations) + map, from a context-less thread
  *   probe async        cuMemAllocAsync / cuMemFreeAsync on a stream, from a context-less thread
- *   probe gpa          the CUDA runtime's path: every entry point from cuGetProcAddress_v2 (per-thread flags) */
+ *   probe gpa          the CUDA runtime's path: every entry point from cuGetProcAddress_v2 (per-thread flags)
+ *   probe steps        10 MiB stream-ordered allocations from the default pool (which keeps what is freed) until
+ *                      refused: the pool's reserve now and at its highest */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <pthread.h>
@@ -19,7 +21,7 @@
     X(cuMemGetInfo_v2) X(cuDeviceTotalMem_v2) X(cuMemAlloc_v2) X(cuMemFree_v2) X(cuMemCreate) X(cuMemRelease) \
     X(cuMemGetAllocationGranularity) X(cuMemAddressReserve) X(cuMemAddressFree) X(cuMemMap) X(cuMemUnmap) \
     X(cuMemSetAccess) X(cuMemAllocAsync) X(cuMemFreeAsync) X(cuStreamCreate) X(cuStreamSynchronize) \
-    X(cuMemsetD8_v2)
+    X(cuMemsetD8_v2) X(cuDeviceGetMemPool) X(cuMemPoolGetAttribute) X(cuMemPoolSetAttribute)
 FUNCS(SYM)
 
 static CUcontext ctx;
@@ -103,6 +105,31 @@ static void *async_thread(void *arg)
     return NULL;
 }
 
+static int do_steps(CUdevice dev)
+{
+    CUdeviceptr p[1024];
+    CUmemoryPool pool;
+    cuuint64_t keep = ~0ull, now = 0, high = 0;
+    int n = 0;
+    CUresult rc = CUDA_SUCCESS;
+
+    p_cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING);
+    p_cuDeviceGetMemPool(&pool, dev);
+    p_cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep);
+    while (n < 1024 && (rc = p_cuMemAllocAsync(&p[n], 10 * MiB, stream)) == CUDA_SUCCESS)
+        n++;
+    p_cuStreamSynchronize(stream);
+    p_cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &now);
+    p_cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH, &high);
+    printf("steps_allocated=%d\nsteps_refused_rc=%d\npool_reserved=%llu\npool_reserved_high=%llu\n", n, rc,
+           (unsigned long long)now, (unsigned long long)high);
+    info("steps");
+    while (n--)
+        p_cuMemFreeAsync(p[n], stream);
+    p_cuStreamSynchronize(stream);
+    return 0;
+}
+
 typedef CUresult (*gpa_t)(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *);
 
 static int do_gpa(void *lib)
@@ -159,6 +186,8 @@ int main(int argc, char **argv)
         return do_limit();
     if (!strcmp(argv[1], "gpa"))
         return do_gpa(lib);
+    if (!strcmp(argv[1], "steps"))
+        return do_steps(dev);
     if (!strcmp(argv[1], "vmm")) {
         pthread_create(&t, NULL, vmm_thread, NULL);
         pthread_join(t, NULL);

@@ -47,6 +47,17 @@ def test_stream_ordered_on_contextless_thread(gpu: Gpu) -> None:
         "0", "2", "0", "0", "0")
 
 
+def test_a_pool_never_grows_past_the_limit(gpu: Gpu) -> None:
+    """The driver grows a pool in steps (32 MiB on an H200): once a growth has shown the step, an allocation
+    whose step does not fit is refused before the pool grows, so its reserve never went past what it holds
+    at the end (a growth past the limit would be undone, leaving the highest reserve above it)."""
+    r = gpu.probe_run("steps", "2g")
+    assert r["steps_refused_rc"] == "2", r
+    assert int(r["steps_allocated"]) > 50, r               # the limit, not something else, stopped it
+    assert r["pool_reserved_high"] == r["pool_reserved"], r
+    assert int(r["steps_free"]) < 32 << 20, r               # refused only when a step did not fit
+
+
 def test_runtime_path_through_get_proc_address(gpu: Gpu) -> None:
     """What cudart (and so PyTorch) does: all entry points from cuGetProcAddress_v2, per-thread flags."""
     r = gpu.probe_run("gpa", "4g")

@@ -59,6 +59,7 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle *, size_t, const CUmemAllocati
 CUresult cuMemRelease(CUmemGenericAllocationHandle);
 CUresult cuMemPoolCreate(CUmemoryPool *, const CUmemPoolProps *);
 CUresult cuMemPoolDestroy(CUmemoryPool);
+CUresult cuMemPoolGetAttribute(CUmemoryPool, int, void *);
 CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *, CUdevice);
 CUresult cuArrayCreate_v2(CUarray *, const CUDA_ARRAY_DESCRIPTOR *);
 CUresult cuArray3DCreate_v2(CUarray *, const CUDA_ARRAY3D_DESCRIPTOR *);

@@ -89,16 +89,54 @@ emit(first=rcs[:4096].count(0), last=rcs[4096:], again=again)
     assert child.stderr.count("more than 4096 memory pools") == 1, child.stderr
 
 
-def test_growth_beyond_the_shortfall_that_does_not_fit_is_undone(env: Env) -> None:
-    """A real pool grows in steps (the fake: 32 MiB), so an allocation may add more to the reserve
-    than it was short of. Past the limit, the allocation is freed, the pool trimmed back and the
-    caller refused; the charge and the device agree again."""
-    r = env.run_py(POOLS + """
+STEPS = POOLS + """
+def reserve_high(pool):
+    v = ffi.new("unsigned long long *")
+    assert shim.cuMemPoolGetAttribute(pool, 6, v) == 0    # CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH
+    return v[0]
+"""
+
+
+def test_a_growth_step_that_does_not_fit_is_refused_before_the_pool_grows(env: Env) -> None:
+    """A real pool grows in steps (32 MiB on an H200; the fake here too), so an allocation adds more to
+    the reserve than it was short of. Once a growth has shown the step, a shortfall is charged rounded up
+    to it: near the limit the allocation is refused before the pool grows, so the device never holds
+    more than the limit, not even for the moment an over-grown pool took to be undone."""
+    r = env.run_py(STEPS + """
 pool = new_pool()
 rcs = [pool_alloc(pool, n * MiB)[0] for n in (10, 70, 10, 10)]
-emit(rcs=rcs, real=fake.fake_used(0), info=meminfo())
+emit(rcs=rcs, real=fake.fake_used(0), high=reserve_high(pool), info=meminfo())
 """, LIMIT | {"CUDA_DEVICE_MEMORY_LIMIT": "100m", "FAKE_CUDA_POOL_GRANULE_MB": "32"}).result
-    # 10 -> reserve 32; 70 -> 96; 10 from the spare; 10 would take the reserve to 128 > 100
+    # 10 -> reserve 32 (the step: 32 MiB); 70 -> 96; 10 from the spare; 10 would take the reserve to 128 > 100
     assert r["rcs"] == [0, 0, 0, 2], r
+    assert r["high"] == 96 * MiB, r                     # never grown past the limit (was 128, then undone)
     assert r["real"] <= 100 * MiB, r
     assert r["info"][1] == 100 * MiB - r["real"], r     # what is charged is what the device holds
+
+
+def test_a_pools_first_growth_past_the_limit_is_undone(env: Env) -> None:
+    """Before any growth has shown the step, the shortfall is charged as it is; a growth past the limit
+    is freed, the pool trimmed back and the caller refused; the charge and the device agree again."""
+    r = env.run_py(STEPS + """
+used = [alloc(80 * MiB)[0]]
+pool = new_pool()
+rc = pool_alloc(pool, 10 * MiB)[0]
+emit(used=used, rc=rc, real=fake.fake_used(0), reserved=fake.fake_used(0) - 80 * MiB, info=meminfo())
+""", LIMIT | {"CUDA_DEVICE_MEMORY_LIMIT": "100m", "FAKE_CUDA_POOL_GRANULE_MB": "32"}).result
+    assert r["used"] == [0] and r["rc"] == 2, r          # 80 + a 32 MiB step > 100
+    assert r["reserved"] == 0, r                        # trimmed back
+    assert r["info"][1] == 100 * MiB - r["real"], r
+
+
+def test_the_step_is_learnt_from_growths_that_overshoot(env: Env) -> None:
+    """The step is never thought larger than it is: growths of 32 MiB steps teach 32 MiB, and with it an
+    allocation that fits in one step beside what is held is still granted, right up to the limit."""
+    r = env.run_py(STEPS + """
+pool = new_pool()
+first = [pool_alloc(pool, n * MiB)[0] for n in (1, 40)]   # 1 -> 32 (learns >= 32); 40: short 9 -> 64
+ok, q = pool_alloc(pool, 32 * MiB)                        # short 32 -> one step: 96 of 100
+emit(first=first, ok=ok, high=reserve_high(pool), info=meminfo())
+""", LIMIT | {"CUDA_DEVICE_MEMORY_LIMIT": "100m", "FAKE_CUDA_POOL_GRANULE_MB": "32"}).result
+    assert r["first"] == [0, 0] and r["ok"] == 0, r
+    assert r["high"] == 96 * MiB, r
+    assert r["info"][1] == 4 * MiB, r
