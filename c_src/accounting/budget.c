@@ -189,6 +189,17 @@ VGPU_HIDDEN uint64_t vgpu_budget_sum(int dev)
     return r ? vgpu_region_sum_used(r, dev) : __atomic_load_n(&local_used[dev], __ATOMIC_RELAXED);
 }
 
+VGPU_HIDDEN uint64_t vgpu_budget_ctx_hint(int dev, uint64_t device_bytes)
+{
+    return in_range(dev) && region() ? vgpu_region_ctx_hint(dev, device_bytes) : 0;
+}
+
+VGPU_HIDDEN void vgpu_budget_set_ctx_hint(int dev, uint64_t bytes)
+{
+    if (in_range(dev) && region())
+        vgpu_region_set_ctx_hint(dev, bytes);
+}
+
 VGPU_HIDDEN uint64_t vgpu_budget_used(int dev)
 {
     if (in_range(dev) && region())

@@ -25,5 +25,9 @@ VGPU_HIDDEN uint64_t vgpu_budget_sum(int dev);
 VGPU_HIDDEN uint64_t vgpu_budget_limit(int dev);
 /* the same without attaching the region (a process that never allocates never creates one) */
 VGPU_HIDDEN uint64_t vgpu_budget_limit_peek(int dev);
+/* what the container's last new process's first context on dev took (region/hints.c); 0 when
+ * unknown, without a region, or larger than device_bytes */
+VGPU_HIDDEN uint64_t vgpu_budget_ctx_hint(int dev, uint64_t device_bytes);
+VGPU_HIDDEN void vgpu_budget_set_ctx_hint(int dev, uint64_t bytes);
 
 #endif

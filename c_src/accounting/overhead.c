@@ -21,6 +21,7 @@
 #include <nvml.h>
 
 #include "accounting/budget.h"
+#include "accounting/charge.h"
 #include "accounting/device.h"
 #include "accounting/overhead.h"
 #include "driver/real.h"
@@ -42,6 +43,8 @@ struct dev_state {
     uint64_t gap;          /* what our confirmed entry was seen to show less than we hold */
     int no_list;           /* the last listing failed: the fallback is all there is */
     nvmlDevice_t nvml;     /* NULL until looked up */
+    uint64_t ctx_cost;     /* what this process's last context creation took, measured (0: none yet) */
+    uint64_t precharged;   /* charged ahead of context creations in flight (atomic): not an allocation */
 };
 
 static struct dev_state devs[VGPU_MAX_DEVICES];
@@ -183,11 +186,19 @@ struct listing {
     uint64_t before, after;
 };
 
+/* our charges other than the overhead itself and the charges ahead of contexts in flight */
+static uint64_t charges(int dev)
+{
+    uint64_t v = vgpu_budget_mine(dev) - devs[dev].charged, pre = __atomic_load_n(&devs[dev].precharged,
+                                                                                   __ATOMIC_ACQUIRE);
+    return v > pre ? v - pre : 0;
+}
+
 static void list_into(int dev, nvmlDevice_t h, struct listing *l)
 {
-    l->before = vgpu_budget_mine(dev) - devs[dev].charged;
+    l->before = charges(dev);
     l->n = list_procs(h, l->procs);
-    l->after = vgpu_budget_mine(dev) - devs[dev].charged;
+    l->after = charges(dev);
 }
 
 /* A device's lock held: find our entry by a probe allocation; 1 when exactly one entry grew by it.
@@ -353,19 +364,60 @@ VGPU_HIDDEN void vgpu_overhead_ensure(int dev)
         vgpu_overhead_refresh(dev, 0); /* still estimated: NVML may list us by now (rate-limited) */
 }
 
-VGPU_HIDDEN void vgpu_overhead_before_ctx(int dev, struct vgpu_ctx_probe *p)
+/* the device's size, 0 when the driver cannot say */
+static uint64_t device_bytes(int dev)
+{
+    CUdevice d;
+    size_t sz = 0;
+
+    return REAL(cuDeviceGet)(&d, dev) == CUDA_SUCCESS && REAL(cuDeviceTotalMem_v2)(&sz, d) == CUDA_SUCCESS ? sz : 0;
+}
+
+static void drop_precharge(struct vgpu_ctx_probe *p)
+{
+    if (!p->precharge)
+        return;
+    __atomic_fetch_sub(&devs[p->dev].precharged, p->precharge, __ATOMIC_RELEASE);
+    vgpu_budget_release(p->dev, p->precharge);
+    p->precharge = 0;
+}
+
+/* A context's memory is taken by the driver during the call: charged after, a context the container
+ * has no room for was over the limit until it was destroyed again. So what such a context takes
+ * (this process's last one, else what the container's last new process's first one took) is
+ * charged first, and a context that would not fit is refused before the driver makes it. */
+VGPU_HIDDEN CUresult vgpu_overhead_before_ctx(int dev, struct vgpu_ctx_probe *p)
 {
     nvmlDevice_t h;
+    uint64_t est;
 
     p->dev = dev;
     p->armed = 0;
-    if (dev < 0 || dev >= VGPU_MAX_DEVICES || !vgpu_budget_limit_peek(dev) || !(h = nvml_of(dev)))
-        return;
+    p->precharge = 0;
+    p->added = 0;
+    if (dev < 0 || dev >= VGPU_MAX_DEVICES || !vgpu_budget_limit(dev))
+        return CUDA_SUCCESS;
+    est = __atomic_load_n(&devs[dev].ctx_cost, __ATOMIC_RELAXED);
+    if (!est)
+        est = vgpu_budget_ctx_hint(dev, device_bytes(dev));
+    if (est && vgpu_charge(dev, est) != CUDA_SUCCESS) {
+        VGPU_WARN("device %d: a new CUDA context would take about %.0f MiB (what the container's last one took), "
+                  "more than the container has (%.0f of %.0f MiB used): refused before the driver makes it",
+                  dev, est / MiB, vgpu_budget_used(dev) / MiB, vgpu_budget_limit(dev) / MiB);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    if (est) {
+        p->precharge = est;
+        __atomic_fetch_add(&devs[dev].precharged, est, __ATOMIC_RELEASE);
+    }
+    if (!(h = nvml_of(dev)))
+        return CUDA_SUCCESS;
     /* the device-wide delta stands in only while our entry is unknown: two NVML calls saved */
     p->delta = !__atomic_load_n(&host_pid, __ATOMIC_RELAXED);
     if (p->delta && device_used(h, &p->used_before) != 0)
-        return;
+        return CUDA_SUCCESS;
     p->armed = 1;
+    return CUDA_SUCCESS;
 }
 
 VGPU_HIDDEN CUresult vgpu_overhead_after_ctx(CUresult rc, struct vgpu_ctx_probe *p)
@@ -376,19 +428,26 @@ VGPU_HIDDEN CUresult vgpu_overhead_after_ctx(CUresult rc, struct vgpu_ctx_probe 
     nvmlDevice_t h;
     int own, judge;
 
-    if (!p->armed || rc != CUDA_SUCCESS)
+    if (!p->armed || rc != CUDA_SUCCESS) {
+        drop_precharge(p); /* no context, or no NVML to measure it with (then it goes uncounted, said once) */
         return rc;
+    }
     s = &devs[p->dev];
     h = nvml_of(p->dev);
     pthread_mutex_lock(&s->lock);
-    p->added = 0;
     if (h && p->delta && device_used(h, &used_after) == 0 && used_after > p->used_before)
         s->fallback += (p->added = used_after - p->used_before);
     prev = s->charged;
     own = measure(p->dev, 1);
     prev = s->charged > prev ? s->charged - prev : 0; /* what the new context added */
     judge = own || s->no_list;
+    if (own && prev) { /* what the next context will be charged ahead */
+        if (!s->ctx_cost)
+            vgpu_budget_set_ctx_hint(p->dev, prev);
+        __atomic_store_n(&s->ctx_cost, prev, __ATOMIC_RELAXED);
+    }
     pthread_mutex_unlock(&s->lock);
+    drop_precharge(p); /* the context itself is charged now */
     /* a context the container has no room for is refused, as a full GPU refuses it: on our own
      * figure, or on the device-wide delta when NVML cannot list processes at all (it may hold a
      * neighbour's memory, but nothing better will ever come); not while our entry is merely not
@@ -433,5 +492,7 @@ VGPU_HIDDEN void vgpu_overhead_atfork_child(void)
         devs[i].last_ns = 0;
         devs[i].gap = 0;
         devs[i].no_list = 0;
+        devs[i].ctx_cost = 0; /* the child's contexts are its own to measure */
+        devs[i].precharged = 0;
     }
 }

@@ -16,13 +16,17 @@ struct vgpu_ctx_probe {
     int delta;                      /* used_before was read (our NVML entry is not known yet) */
     unsigned long long used_before; /* device-wide used bytes, NVML */
     unsigned long long added;       /* what the creation added to the fallback */
+    uint64_t precharge;             /* charged before the call: what such a context takes */
 };
 
 /* around every context creation on dev (primary retain of an inactive context, cuCtxCreate*,
- * green contexts): snapshot before, measure and charge after. after_ctx returns rc, or
- * CUDA_ERROR_OUT_OF_MEMORY when the new context took the container past its limit (measured per
- * process): the caller then destroys the context and calls vgpu_overhead_undo_ctx. */
-VGPU_HIDDEN void vgpu_overhead_before_ctx(int dev, struct vgpu_ctx_probe *p);
+ * green contexts): charge what such a context takes (this process's last one, else the container's
+ * hint: region/hints.c) and snapshot before; measure and charge after. before_ctx returns
+ * CUDA_SUCCESS to make the call, else CUDA_ERROR_OUT_OF_MEMORY: the context would not fit, refused
+ * before the driver takes its memory. after_ctx returns rc, or CUDA_ERROR_OUT_OF_MEMORY when the
+ * new context took the container past its limit (measured per process): the caller then destroys
+ * the context and calls vgpu_overhead_undo_ctx. */
+VGPU_HIDDEN CUresult vgpu_overhead_before_ctx(int dev, struct vgpu_ctx_probe *p);
 VGPU_HIDDEN CUresult vgpu_overhead_after_ctx(CUresult rc, struct vgpu_ctx_probe *p);
 VGPU_HIDDEN void vgpu_overhead_undo_ctx(struct vgpu_ctx_probe *p);
 /* measure again (rate-limited unless force) and settle the charge; no-op without a limit on dev;

@@ -7,17 +7,19 @@
 #include "accounting/overhead.h"
 #include "driver/real.h"
 
-/* create, measure; a context over the container's limit is destroyed again (undo) and refused */
+/* charge what such a context takes and create it (one that would not fit is refused first), then
+ * measure; a context over the container's limit is destroyed again (undo) and refused */
 #define CREATED(dev, call, undo) \
     __extension__({ \
         struct vgpu_ctx_probe p_; \
-        CUresult rc_; \
-        vgpu_overhead_before_ctx(vgpu_dev_check(dev), &p_); \
-        rc_ = (call); \
-        if (vgpu_overhead_after_ctx(rc_, &p_) != rc_) { \
-            (void)(undo); \
-            vgpu_overhead_undo_ctx(&p_); \
-            rc_ = CUDA_ERROR_OUT_OF_MEMORY; \
+        CUresult rc_ = vgpu_overhead_before_ctx(vgpu_dev_check(dev), &p_); \
+        if (rc_ == CUDA_SUCCESS) { \
+            rc_ = (call); \
+            if (vgpu_overhead_after_ctx(rc_, &p_) != rc_) { \
+                (void)(undo); \
+                vgpu_overhead_undo_ctx(&p_); \
+                rc_ = CUDA_ERROR_OUT_OF_MEMORY; \
+            } \
         } \
         rc_; \
     })

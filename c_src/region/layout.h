@@ -91,7 +91,7 @@ typedef struct {
     uint64_t check;     /* VGPU_LEDGER_CHECK ^ device: the words below are ours */
     uint64_t tokens;    /* int64: GPU ns the container may still use (negative: debt) */
     uint64_t refill_ns; /* int64, CLOCK_MONOTONIC: when the tokens were last topped up */
-    uint64_t spare[5];
+    uint64_t spare[5];  /* [3], [4]: a context-cost hint and its check word (hints.c) */
 } vgpu_ledger_t;
 #define VGPU_LEDGER_CHECK 0x7667707573686172ull /* "vgpushar" */
 _Static_assert(sizeof(vgpu_ledger_t) == sizeof(vgpu_device_memory_t), "a ledger entry fills one used[] entry");

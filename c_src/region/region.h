@@ -121,6 +121,10 @@ VGPU_HIDDEN uint64_t vgpu_region_sm_limit(int dev);
 /* the container's compute ledger entry for dev (layout.h), NULL when not attached; the limiter
  * owns what the words mean */
 VGPU_HIDDEN vgpu_ledger_t *vgpu_region_ledger(int dev);
+/* what the last first CUDA context a process of the container created on dev took (hints.c); 0 when
+ * unknown, or larger than device_bytes (0: no bound) */
+VGPU_HIDDEN uint64_t vgpu_region_ctx_hint(int dev, uint64_t device_bytes);
+VGPU_HIDDEN void vgpu_region_set_ctx_hint(int dev, uint64_t bytes);
 
 /* --- accounting on our own slot --- */
 /* which used[dev] field a charge lands in (always in total too) */

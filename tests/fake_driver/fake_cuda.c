@@ -19,7 +19,8 @@
  *                             each process counts its use in a row of FILE, which counts for nothing
  *                             once the process is dead (the driver frees a dead process's memory);
  *                             fake_used_all(dev) sums the rows (a container's physical use)
- * Test hooks: fake_calls, fake_reset_calls, fake_used, fake_used_physical, fake_used_all, fake_ctx_bytes,
+ * Test hooks: fake_calls, fake_reset_calls, fake_used, fake_used_high (this process's highest use, never
+ * reset: what a moment of over-use leaves), fake_used_physical, fake_used_all, fake_ctx_bytes,
  * fake_has_ctx, fake_last_args. */
 #define _GNU_SOURCE /* F_OFD_* */
 #include <fcntl.h>
@@ -323,6 +324,13 @@ EXPORT unsigned long long fake_used(int dev)
     return (dev >= 0 && dev < MAXDEV) ? __atomic_load_n(&dev_used[dev], __ATOMIC_RELAXED) : 0;
 }
 
+static uint64_t used_high[MAXDEV];
+
+EXPORT unsigned long long fake_used_high(int dev)
+{
+    return (dev >= 0 && dev < MAXDEV) ? __atomic_load_n(&used_high[dev], __ATOMIC_RELAXED) : 0;
+}
+
 /* what NVML would see on physical device p: every CUDA ordinal that maps onto it */
 EXPORT unsigned long long fake_used_physical(int p)
 {
@@ -344,6 +352,10 @@ static int charge(int dev, uint64_t size)
         if (size > dev_total - cur)
             return -1;
     } while (!__atomic_compare_exchange_n(&dev_used[dev], &cur, cur + size, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED));
+    for (uint64_t hi = __atomic_load_n(&used_high[dev], __ATOMIC_RELAXED);
+         cur + size > hi && !__atomic_compare_exchange_n(&used_high[dev], &hi, cur + size, 1, __ATOMIC_RELAXED,
+                                                         __ATOMIC_RELAXED);)
+        ;
     if (shared_seq)
         __atomic_fetch_add(shared_seq, 1, __ATOMIC_SEQ_CST);
     return 0;

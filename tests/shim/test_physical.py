@@ -20,6 +20,7 @@ PROGRAM = r"""
 #include <string.h>
 
 unsigned long long fake_used(int dev);
+unsigned long long fake_used_high(int dev);
 
 #define CHECK(x) do { CUresult r_ = (x); if (r_) { printf("FAIL %s = %d\n", #x, r_); return 1; } } while (0)
 #define MB(x) ((size_t)(x) << 20)
@@ -52,6 +53,7 @@ int main(int argc, char **argv)
         /* a second context: 100 + 150 + 100 MiB > 256, so it is destroyed again and refused */
         printf("ctx2_full %d\n", cuCtxCreate(&c2, NULL, 0, d));
         printf("real2 %llu\n", fake_used(0) >> 20);
+        printf("high %llu\n", fake_used_high(0) >> 20);
         CHECK(cuCtxSetCurrent(c));
         CHECK(cuMemFree(q));
         CHECK(cuCtxCreate(&c2, NULL, 0, d));      /* now it fits: 200 MiB of contexts */
@@ -112,6 +114,7 @@ def test_context_memory_is_charged(env: Env, namespace: bool) -> None:
     assert int(r["real"]) <= 256               # the truth: what the device gave the process
     assert r["ctx2_full"] == "2"               # a context the container has no room for is refused
     assert int(r["real2"]) <= 256              # ... and gone again
+    assert int(r["high"]) <= 256               # ... before the driver made it: never over, not for a moment
     assert r["free_two_ctx"] == "56"           # two contexts of 100 MiB each, under 256
     assert r["alloc_after_destroy"] == "0"     # the destroyed context's 100 MiB came back
     assert int(r["real3"]) <= 256
@@ -171,6 +174,7 @@ HOLDER = r"""
 #include <stdlib.h>
 
 unsigned long long fake_used(int dev);
+unsigned long long fake_used_high(int dev);
 
 int main(int argc, char **argv)
 {
@@ -186,6 +190,7 @@ int main(int argc, char **argv)
     printf("ctx %d\n", rc);
     if (rc == 0 && cuCtxSetCurrent(c) == 0)
         printf("alloc %d\n", cuMemAlloc(&a, (size_t)atoi(argv[1]) << 20));
+    printf("high %llu\n", fake_used_high(0) >> 20);
     printf("real %llu\n", fake_used(0) >> 20);
     fflush(stdout);
     if (!fgets(line, sizeof line, stdin))   /* hold it until told */
@@ -219,3 +224,39 @@ def test_processes_without_nvml_process_list_stay_under_the_limit(env: Env) -> N
             p.communicate("\n", timeout=30)
     assert real[:2] == [500, 500], real       # context 200 + 300 each
     assert sum(real) <= 1000, real            # the third and fourth contexts are refused
+
+
+def test_a_new_process_whose_context_would_not_fit_is_refused_before_the_driver_makes_it(env: Env) -> None:
+    """A process that starts in a full container: what the container's contexts take (a hint the first one
+    left in the region) is charged before its own is made, so the device never holds a context over the
+    limit, not even for the moment it takes to make, measure and destroy it again."""
+    exe = env.compile_c("holder", HOLDER, f"-L{env.fake_dir}", "-l:libcuda.so.1")
+    e = env.base_env({"CUDA_DEVICE_MEMORY_SHARED_CACHE": str(env.tmp / "shared.cache"),
+                      "CUDA_DEVICE_MEMORY_LIMIT": "256m", "FAKE_CUDA_CTX_MB": "100"})
+    e |= {"LD_LIBRARY_PATH": str(env.fake_dir), "LD_PRELOAD": str(env.shim)}
+
+    def start(mb: int) -> tuple[subprocess.Popen[str], dict[str, str]]:
+        p = subprocess.Popen([str(exe), str(mb)], env=e, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+        assert p.stdout is not None
+        seen: dict[str, str] = {}
+        while "real" not in seen:
+            line = p.stdout.readline()
+            assert line, p.communicate(timeout=30)
+            k, v = line.split()
+            seen[k] = v
+        return p, seen
+
+    holder, held = start(100)
+    try:
+        assert (held["ctx"], held["alloc"], held["real"]) == ("0", "0", "200"), held
+        late, r = start(10)
+        _, err = late.communicate("\n", timeout=30)
+    finally:
+        holder.communicate("\n", timeout=30)
+    assert r["ctx"] == "2", (r, err)           # 200 held + its 100 > 256
+    assert int(r["high"]) < 100, r             # its context was never made (a 2 MiB NVML probe at most)
+    assert "refused before the driver makes it" in err, err
+    again, r = start(10)                       # the holder is gone: room again
+    again.communicate("\n", timeout=30)
+    assert (r["ctx"], r["alloc"], r["real"]) == ("0", "0", "110"), r
