@@ -25,6 +25,7 @@
 
 static uint64_t local_used[VGPU_MAX_DEVICES]; /* fallback when the region is unusable */
 static uint64_t mine[VGPU_MAX_DEVICES];       /* this process's charges, region or not */
+static uint64_t in_flight[VGPU_MAX_DEVICES];  /* the part of them ahead of driver calls not yet returned */
 static int state;                             /* 0 not tried, 1 region, -1 local */
 static int devices_known;
 static pthread_once_t attach_once = PTHREAD_ONCE_INIT;
@@ -173,9 +174,27 @@ VGPU_HIDDEN uint64_t vgpu_budget_mine(int dev)
     return in_range(dev) ? __atomic_load_n(&mine[dev], __ATOMIC_RELAXED) : 0;
 }
 
+VGPU_HIDDEN void vgpu_budget_ahead(int dev, uint64_t bytes)
+{
+    if (in_range(dev))
+        __atomic_fetch_add(&in_flight[dev], bytes, __ATOMIC_SEQ_CST);
+}
+
+VGPU_HIDDEN void vgpu_budget_landed(int dev, uint64_t bytes)
+{
+    if (in_range(dev))
+        sub_saturating(&in_flight[dev], bytes);
+}
+
+VGPU_HIDDEN uint64_t vgpu_budget_in_flight(int dev)
+{
+    return in_range(dev) ? __atomic_load_n(&in_flight[dev], __ATOMIC_SEQ_CST) : 0;
+}
+
 VGPU_HIDDEN void vgpu_budget_atfork_child(void)
 {
     memset(mine, 0, sizeof mine);
+    memset(in_flight, 0, sizeof in_flight);
     memset(local_used, 0, sizeof local_used);
 }
 

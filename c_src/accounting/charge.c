@@ -48,7 +48,7 @@ static void log_refusal(int dev, uint64_t bytes)
                                                                    : "");
 }
 
-VGPU_HIDDEN CUresult vgpu_charge(int dev, uint64_t bytes)
+static CUresult charge(int dev, uint64_t bytes, int log)
 {
     uint64_t limit;
     int measured = 0;
@@ -57,6 +57,7 @@ VGPU_HIDDEN CUresult vgpu_charge(int dev, uint64_t bytes)
         return CUDA_ERROR_INVALID_VALUE; /* never run unlimited on a malformed limit */
     if (dev < 0)
         return CUDA_SUCCESS; /* host or unknown location: not charged */
+    vgpu_budget_ahead(dev, bytes); /* until vgpu_landed: charged, maybe not yet held by the driver */
     limit = vgpu_budget_limit(dev);
     if (limit) {
         uint64_t used = vgpu_budget_sum(dev);
@@ -72,8 +73,20 @@ VGPU_HIDDEN CUresult vgpu_charge(int dev, uint64_t bytes)
         vgpu_overhead_refresh(dev, 1);
     if (vgpu_budget_reserve(dev, bytes) == 0)
         return CUDA_SUCCESS;
-    log_refusal(dev, bytes);
+    vgpu_budget_landed(dev, bytes);
+    if (log)
+        log_refusal(dev, bytes);
     return CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+VGPU_HIDDEN CUresult vgpu_charge(int dev, uint64_t bytes)
+{
+    return charge(dev, bytes, 1);
+}
+
+VGPU_HIDDEN CUresult vgpu_charge_quiet(int dev, uint64_t bytes)
+{
+    return charge(dev, bytes, 0);
 }
 
 /* Charge an allocation made in this thread's current context. With a single visible device (the
@@ -101,13 +114,17 @@ VGPU_HIDDEN void vgpu_settle(CUresult rc, uint64_t key, int kind, int dev, uint6
         return;
     if (rc != CUDA_SUCCESS) {
         vgpu_budget_release(dev, bytes);
-        return;
-    }
-    if (vgpu_table_put(key, kind, dev, bytes) != 0) {
+    } else if (vgpu_table_put(key, kind, dev, bytes) != 0) {
         vgpu_budget_release(dev, bytes);
         VGPU_ERROR("out of memory tracking an allocation of %llu bytes on device %d; it is not counted",
                    (unsigned long long)bytes, dev);
     }
+    vgpu_landed(dev, bytes);
+}
+
+VGPU_HIDDEN void vgpu_landed(int dev, uint64_t bytes)
+{
+    vgpu_budget_landed(dev, bytes);
 }
 
 VGPU_HIDDEN struct vgpu_tracked vgpu_untrack(uint64_t key, int kind)

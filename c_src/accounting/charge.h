@@ -17,10 +17,16 @@
  * CUDA_ERROR_INVALID_VALUE while a limit variable is malformed, CUDA_ERROR_OUT_OF_MEMORY over the
  * limit (after measuring again what the driver holds, and one log line, rate-limited) */
 VGPU_HIDDEN CUresult vgpu_charge(int dev, uint64_t bytes);
+/* the same without the refusal's log line (the caller says what was refused) */
+VGPU_HIDDEN CUresult vgpu_charge_quiet(int dev, uint64_t bytes);
 /* the one policy for allocations made in this thread's current context: picks *dev and charges */
 VGPU_HIDDEN CUresult vgpu_charge_current(int *dev, uint64_t bytes);
-/* after the real call: rc == CUDA_SUCCESS records key -> (dev, bytes); otherwise the charge is returned */
+/* after the real call: rc == CUDA_SUCCESS records key -> (dev, bytes); otherwise the charge is returned.
+ * Either way the charge has landed (vgpu_landed) */
 VGPU_HIDDEN void vgpu_settle(CUresult rc, uint64_t key, int kind, int dev, uint64_t bytes);
+/* a successful vgpu_charge* of bytes is no longer ahead of its driver call (which has returned, and
+ * whose charge is settled): every one is followed by exactly one of these, or by vgpu_settle */
+VGPU_HIDDEN void vgpu_landed(int dev, uint64_t bytes);
 /* take key out of the table before the real free (so a concurrent allocation reusing the address
  * cannot be confused with it); vgpu_untrack_done puts it back if the free failed */
 struct vgpu_tracked {

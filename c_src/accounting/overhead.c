@@ -44,7 +44,7 @@ struct dev_state {
     int no_list;           /* the last listing failed: the fallback is all there is */
     nvmlDevice_t nvml;     /* NULL until looked up */
     uint64_t ctx_cost;     /* what this process's last context creation took, measured (0: none yet) */
-    uint64_t precharged;   /* charged ahead of context creations in flight (atomic): not an allocation */
+    uint64_t standin;      /* charged for contexts being made, until measured (atomic): not an allocation */
 };
 
 static struct dev_state devs[VGPU_MAX_DEVICES];
@@ -183,22 +183,32 @@ static unsigned long long used_of(const nvmlProcessInfo_t *procs, int n, unsigne
 struct listing {
     nvmlProcessInfo_t procs[MAX_PROCS];
     int n;
-    uint64_t before, after;
+    uint64_t before, after; /* our charges (overhead aside) just before and after the listing */
+    uint64_t low;           /* the least of them the driver surely held: without charges ahead of calls */
 };
 
-/* our charges other than the overhead itself and the charges ahead of contexts in flight */
-static uint64_t charges(int dev)
+/* our charges for allocations (not the overhead, nor stand-ins for contexts being made), and the part
+ * of them still ahead of driver calls */
+static uint64_t charges(int dev, uint64_t *ahead)
 {
-    uint64_t v = vgpu_budget_mine(dev) - devs[dev].charged, pre = __atomic_load_n(&devs[dev].precharged,
-                                                                                   __ATOMIC_ACQUIRE);
-    return v > pre ? v - pre : 0;
+    uint64_t standin = __atomic_load_n(&devs[dev].standin, __ATOMIC_SEQ_CST), v;
+
+    *ahead = vgpu_budget_in_flight(dev);
+    v = vgpu_budget_mine(dev) - devs[dev].charged;
+    return v > standin ? v - standin : 0;
 }
 
 static void list_into(int dev, nvmlDevice_t h, struct listing *l)
 {
-    l->before = charges(dev);
+    uint64_t ahead;
+
+    l->before = charges(dev, &ahead);
+    l->low = l->before > ahead ? l->before - ahead : 0;
     l->n = list_procs(h, l->procs);
-    l->after = charges(dev);
+    l->after = charges(dev, &ahead);
+    ahead = l->after > ahead ? l->after - ahead : 0;
+    if (ahead < l->low)
+        l->low = ahead;
 }
 
 /* A device's lock held: find our entry by a probe allocation; 1 when exactly one entry grew by it.
@@ -269,7 +279,7 @@ static int measure(int dev, int force_probe)
     struct listing l;
     const nvmlProcessInfo_t *procs = l.procs;
     nvmlDevice_t h = nvml_of(dev);
-    uint64_t before, after, ours, overhead, held;
+    uint64_t before, after, ours, overhead, held, most;
     unsigned pid;
     int n, i, seen, retried = 0, listed = 0;
 
@@ -327,11 +337,18 @@ again:
         set_charge(dev, 0); /* no context of ours on this device (any more) */
         return 1;
     }
-    /* An allocation or free racing with the reading shows in NVML between our two samples of the
-     * charges: against the larger sample it reads as no overhead, never as a phantom one that
-     * would stay charged */
+    /* The overhead is what NVML shows beyond our charges, and the charges are not all held at the
+     * moment NVML reads: an allocation or free racing with the reading shows between our two samples,
+     * and charges taken ahead of driver calls still running may be held yet or not. So the reading
+     * only bounds it: at least ours less the larger sample (every charge held: no phantom overhead
+     * from a race), at most ours less the charges surely held. Charged below the bound, it rises to
+     * it; above the other, it falls to it; in between it stays: a reading while 32 MiB pool steps
+     * are being charged ahead must not lower it by them, to be found short when they land. */
     overhead = before > after ? before : after;
     overhead = ours > overhead ? ours - overhead : 0;
+    most = ours > l.low ? ours - l.low : 0;
+    if (devs[dev].charged > overhead)
+        overhead = devs[dev].charged < most ? devs[dev].charged : most;
     set_charge(dev, overhead);
     return 1;
 }
@@ -377,8 +394,8 @@ static void drop_precharge(struct vgpu_ctx_probe *p)
 {
     if (!p->precharge)
         return;
-    __atomic_fetch_sub(&devs[p->dev].precharged, p->precharge, __ATOMIC_RELEASE);
     vgpu_budget_release(p->dev, p->precharge);
+    __atomic_fetch_sub(&devs[p->dev].standin, p->precharge, __ATOMIC_SEQ_CST);
     p->precharge = 0;
 }
 
@@ -400,15 +417,16 @@ VGPU_HIDDEN CUresult vgpu_overhead_before_ctx(int dev, struct vgpu_ctx_probe *p)
     est = __atomic_load_n(&devs[dev].ctx_cost, __ATOMIC_RELAXED);
     if (!est)
         est = vgpu_budget_ctx_hint(dev, device_bytes(dev));
-    if (est && vgpu_charge(dev, est) != CUDA_SUCCESS) {
+    if (est && vgpu_charge_quiet(dev, est) != CUDA_SUCCESS) {
         VGPU_WARN("device %d: a new CUDA context would take about %.0f MiB (what the container's last one took), "
                   "more than the container has (%.0f of %.0f MiB used): refused before the driver makes it",
                   dev, est / MiB, vgpu_budget_used(dev) / MiB, vgpu_budget_limit(dev) / MiB);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    if (est) {
+    if (est) { /* a stand-in for the context's memory, not an allocation: measured as overhead once made */
+        __atomic_fetch_add(&devs[dev].standin, est, __ATOMIC_SEQ_CST);
+        vgpu_landed(dev, est);
         p->precharge = est;
-        __atomic_fetch_add(&devs[dev].precharged, est, __ATOMIC_RELEASE);
     }
     if (!(h = nvml_of(dev)))
         return CUDA_SUCCESS;
@@ -493,6 +511,6 @@ VGPU_HIDDEN void vgpu_overhead_atfork_child(void)
         devs[i].gap = 0;
         devs[i].no_list = 0;
         devs[i].ctx_cost = 0; /* the child's contexts are its own to measure */
-        devs[i].precharged = 0;
+        devs[i].standin = 0;
     }
 }

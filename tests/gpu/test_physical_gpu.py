@@ -45,10 +45,14 @@ class Truth:
         assert self.nv.nvmlDeviceGetHandleByIndex_v2(0, ctypes.byref(self.dev)) == 0
 
     def used(self, pids: set[int]) -> int:
+        return sum(self.each(pids).values())
+
+    def each(self, pids: set[int]) -> dict[int, int]:
+        """bytes by pid, for those of pids that NVML lists"""
         n = ctypes.c_uint(256)
         procs = (_Proc * 256)()
         assert self.nv.nvmlDeviceGetComputeRunningProcesses_v3(self.dev, ctypes.byref(n), procs) == 0
-        return sum(procs[i].usedGpuMemory for i in range(n.value) if procs[i].pid in pids)
+        return {procs[i].pid: procs[i].usedGpuMemory for i in range(n.value) if procs[i].pid in pids}
 
 
 @pytest.fixture(scope="module")

@@ -52,6 +52,22 @@ def test_two_processes_share_a_4g_limit(gpu: Gpu, region_gpu: Path) -> None:
     assert len(doc["procs"]) == 2
 
 
+def test_a_context_that_would_not_fit_is_refused_before_it_is_made(gpu: Gpu, region_gpu: Path) -> None:
+    """A process that starts in a full container: what the container's first context took is charged before
+    its own is made, so the driver never makes a context over the limit (about 518 MiB on an H200)."""
+    env = gpu.env("2g")
+    a, ra = start_hold(region_gpu, env, 1024)  # its context and 1 GiB: less than a context is left
+    try:
+        late = subprocess.run([str(region_gpu), "hold", "512"], env=env, input="\n", capture_output=True,
+                              text=True, timeout=120)
+    finally:
+        a.communicate("\n", timeout=60)
+    print(f"\nFIGURE a new process in a full 2 GiB container: {late.stdout.strip()!r}; {late.stderr.strip()!r}")
+    assert int(ra["allocated_mib"]) == 1024 and int(ra["free"]) < 512 * MiB, ra
+    assert "init=failed" in late.stdout, late.stdout
+    assert "refused before the driver makes it" in late.stderr, late.stderr
+
+
 def _loop(gpu: Gpu, exe: Path, preload: bool, **extra: str) -> float:
     env = gpu.env(None, preload=preload, **extra)
     p = subprocess.run([str(exe), "loop", LOOP_SECONDS], env=env, capture_output=True, text=True, timeout=300)

@@ -257,6 +257,7 @@ def test_a_new_process_whose_context_would_not_fit_is_refused_before_the_driver_
     assert r["ctx"] == "2", (r, err)           # 200 held + its 100 > 256
     assert int(r["high"]) < 100, r             # its context was never made (a 2 MiB NVML probe at most)
     assert "refused before the driver makes it" in err, err
+    assert "refused an allocation" not in err, err  # one line, about the context
     again, r = start(10)                       # the holder is gone: room again
     again.communicate("\n", timeout=30)
     assert (r["ctx"], r["alloc"], r["real"]) == ("0", "0", "110"), r
