@@ -24,6 +24,7 @@
 #include "accounting/charge.h"
 #include "accounting/device.h"
 #include "accounting/overhead.h"
+#include "accounting/pool.h"
 #include "driver/real.h"
 #include "log/log.h"
 
@@ -286,6 +287,9 @@ static int measure(int dev, int force_probe)
     __atomic_store_n(&devs[dev].last_ns, now_ns(), __ATOMIC_RELAXED);
     if (!h)
         return 0;
+    /* pools trimmed since their last allocation (a synchronize trims to the release threshold) are
+     * charged for memory no longer held: settled first, or the reading would take them for held */
+    vgpu_pool_settle_dev(dev);
     if (!__atomic_load_n(&host_pid, __ATOMIC_RELAXED))
         listed = identify(dev, h, force_probe, &l);
 again:
