@@ -12,6 +12,7 @@
  *                             device, every created/green context; default 0)
  *   FAKE_CUDA_POOL_GRANULE_MB=G a pool's reserve grows in steps of G MiB, as a real pool's does
  *                             (default: by the shortfall exactly)
+ *   FAKE_CUDA_ALLOC_DELAY_MS=N cuMemAlloc takes N ms before it takes the memory (a call still running)
  *   FAKE_CUDA_LEGACY=1        the CUDA 12.8+/13 queries (cuStreamGetDevice, cuCtxGetDevice_v2, pool
  *                             location attributes) fail, like an older driver
  *   FAKE_CUDA_PROC_ALIASES=1  cuGetProcAddress hands out internal addresses for some entries
@@ -140,6 +141,7 @@ static uint64_t own_used[MAXDEV];
 static uint64_t *dev_used = own_used; /* per CUDA ordinal: allocations + contexts + pool reserves */
 static uint64_t ctx_size;         /* FAKE_CUDA_CTX_MB */
 static uint64_t pool_granule;     /* FAKE_CUDA_POOL_GRANULE_MB */
+static unsigned alloc_delay_ms;   /* FAKE_CUDA_ALLOC_DELAY_MS */
 static int legacy;
 static int initialized;
 
@@ -312,6 +314,9 @@ __attribute__((constructor)) static void fake_config(void)
     s = getenv("FAKE_CUDA_POOL_GRANULE_MB");
     if (s)
         pool_granule = strtoull(s, NULL, 10) << 20;
+    s = getenv("FAKE_CUDA_ALLOC_DELAY_MS");
+    if (s)
+        alloc_delay_ms = (unsigned)strtoul(s, NULL, 10);
     s = getenv("FAKE_CUDA_LEGACY");
     legacy = s && s[0] == '1';
     default_pools_init();
@@ -978,6 +983,8 @@ static CUresult alloc_current(CUdeviceptr *dptr, uint64_t size)
         return CUDA_ERROR_INVALID_VALUE;
     if (!current())
         return CUDA_ERROR_INVALID_CONTEXT;
+    if (alloc_delay_ms)
+        usleep(alloc_delay_ms * 1000u);
     if ((rc = take(current()->dev, size, &p)) == CUDA_SUCCESS)
         *dptr = p;
     return rc;
