@@ -57,7 +57,7 @@ static CUresult charge(int dev, uint64_t bytes, int log)
         return CUDA_ERROR_INVALID_VALUE; /* never run unlimited on a malformed limit */
     if (dev < 0)
         return CUDA_SUCCESS; /* host or unknown location: not charged */
-    vgpu_budget_ahead(dev, bytes); /* until vgpu_landed: charged, maybe not yet held by the driver */
+    vgpu_budget_ahead(dev, bytes); /* until vgpu_budget_landed: charged, maybe not yet held by the driver */
     limit = vgpu_budget_limit(dev);
     if (limit) {
         uint64_t used = vgpu_budget_sum(dev);
@@ -119,11 +119,6 @@ VGPU_HIDDEN void vgpu_settle(CUresult rc, uint64_t key, int kind, int dev, uint6
         VGPU_ERROR("out of memory tracking an allocation of %llu bytes on device %d; it is not counted",
                    (unsigned long long)bytes, dev);
     }
-    vgpu_landed(dev, bytes);
-}
-
-VGPU_HIDDEN void vgpu_landed(int dev, uint64_t bytes)
-{
     vgpu_budget_landed(dev, bytes);
 }
 

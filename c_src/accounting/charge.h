@@ -22,11 +22,9 @@ VGPU_HIDDEN CUresult vgpu_charge_quiet(int dev, uint64_t bytes);
 /* the one policy for allocations made in this thread's current context: picks *dev and charges */
 VGPU_HIDDEN CUresult vgpu_charge_current(int *dev, uint64_t bytes);
 /* after the real call: rc == CUDA_SUCCESS records key -> (dev, bytes); otherwise the charge is returned.
- * Either way the charge has landed (vgpu_landed) */
+ * Either way the charge has landed (vgpu_budget_landed). Every successful vgpu_charge* is followed by
+ * this, or by its own vgpu_budget_landed of what it charged once its call has returned */
 VGPU_HIDDEN void vgpu_settle(CUresult rc, uint64_t key, int kind, int dev, uint64_t bytes);
-/* a successful vgpu_charge* of bytes is no longer ahead of its driver call (which has returned, and
- * whose charge is settled): every one is followed by exactly one of these, or by vgpu_settle */
-VGPU_HIDDEN void vgpu_landed(int dev, uint64_t bytes);
 /* take key out of the table before the real free (so a concurrent allocation reusing the address
  * cannot be confused with it); vgpu_untrack_done puts it back if the free failed */
 struct vgpu_tracked {

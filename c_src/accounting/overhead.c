@@ -144,19 +144,26 @@ static void set_charge(int dev, uint64_t overhead)
 
 /* An NVML figure above the device's size is garbage (one was seen at 2^53 B): believed, it would be
  * forced into the region and make every peer judge the region corrupt. */
-static int sane(int dev, unsigned long long bytes, unsigned pid)
+/* the device's size (asked once), 0 when the driver cannot say */
+static uint64_t device_bytes(int dev)
 {
-    static int warned;
     static uint64_t total[VGPU_MAX_DEVICES];
     uint64_t t = __atomic_load_n(&total[dev], __ATOMIC_RELAXED);
     CUdevice d;
     size_t sz;
 
-    if (!t) {
-        if (REAL(cuDeviceGet)(&d, dev) != CUDA_SUCCESS || REAL(cuDeviceTotalMem_v2)(&sz, d) != CUDA_SUCCESS || !sz)
-            return bytes < (1ull << 50); /* 1 PiB: no device is near it */
+    if (!t && REAL(cuDeviceGet)(&d, dev) == CUDA_SUCCESS && REAL(cuDeviceTotalMem_v2)(&sz, d) == CUDA_SUCCESS)
         __atomic_store_n(&total[dev], (t = sz), __ATOMIC_RELAXED);
-    }
+    return t;
+}
+
+static int sane(int dev, unsigned long long bytes, unsigned pid)
+{
+    static int warned;
+    uint64_t t = device_bytes(dev);
+
+    if (!t)
+        return bytes < (1ull << 50); /* 1 PiB: no device is near it */
     if (bytes <= t)
         return 1;
     if (!__atomic_exchange_n(&warned, 1, __ATOMIC_RELAXED))
@@ -385,15 +392,6 @@ VGPU_HIDDEN void vgpu_overhead_ensure(int dev)
         vgpu_overhead_refresh(dev, 0); /* still estimated: NVML may list us by now (rate-limited) */
 }
 
-/* the device's size, 0 when the driver cannot say */
-static uint64_t device_bytes(int dev)
-{
-    CUdevice d;
-    size_t sz = 0;
-
-    return REAL(cuDeviceGet)(&d, dev) == CUDA_SUCCESS && REAL(cuDeviceTotalMem_v2)(&sz, d) == CUDA_SUCCESS ? sz : 0;
-}
-
 static void drop_precharge(struct vgpu_ctx_probe *p)
 {
     if (!p->precharge)
@@ -429,7 +427,7 @@ VGPU_HIDDEN CUresult vgpu_overhead_before_ctx(int dev, struct vgpu_ctx_probe *p)
     }
     if (est) { /* a stand-in for the context's memory, not an allocation: measured as overhead once made */
         __atomic_fetch_add(&devs[dev].standin, est, __ATOMIC_SEQ_CST);
-        vgpu_landed(dev, est);
+        vgpu_budget_landed(dev, est);
         p->precharge = est;
     }
     if (!(h = nvml_of(dev)))

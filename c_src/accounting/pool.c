@@ -258,7 +258,7 @@ VGPU_HIDDEN CUresult vgpu_pool_end(struct vgpu_pool_op *op, CUresult rc, CUdevic
         s->out += bytes;
         __atomic_fetch_add(&pooled_live, 1, __ATOMIC_RELAXED);
     }
-    vgpu_landed(s->dev, op->need); /* the charge follows the reserve the driver reported */
+    vgpu_budget_landed(s->dev, op->need); /* the charge follows the reserve the driver reported */
     pthread_mutex_unlock(&s->grow);
     return rc;
 }

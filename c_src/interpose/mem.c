@@ -60,13 +60,13 @@ VGPU_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_
         if (vgpu_budget_reserve(dev, actual - est) != 0) {
             REAL(cuMemFree_v2)(*dptr); /* padding pushed it over the limit */
             vgpu_budget_release(dev, est);
-            vgpu_landed(dev, actual);
+            vgpu_budget_landed(dev, actual);
             *dptr = 0;
             return CUDA_ERROR_OUT_OF_MEMORY;
         }
     } else if (actual < est) {
         vgpu_budget_release(dev, est - actual);
-        vgpu_landed(dev, est - actual);
+        vgpu_budget_landed(dev, est - actual);
     }
     vgpu_settle(CUDA_SUCCESS, *dptr, VGPU_K_DPTR, dev, actual);
     return CUDA_SUCCESS;
