@@ -15,9 +15,11 @@ VGPU_HIDDEN void vgpu_budget_release(int dev, uint64_t bytes);
 VGPU_HIDDEN void vgpu_budget_force(int dev, uint64_t bytes);
 /* what this process has counted on dev (all of its charges; the container-wide sum is _used) */
 VGPU_HIDDEN uint64_t vgpu_budget_mine(int dev);
-/* the part of those charges taken ahead of driver calls that have not returned yet: the driver may
- * or may not hold that memory now (accounting/overhead.c reads the two as bounds). _ahead before
- * the charge, _landed once the call returned and its charge was settled (or the charge refused) */
+/* the part of those charges the driver may or may not hold now, around driver calls still running
+ * (accounting/overhead.c reads the two as bounds): charges taken ahead of allocations that have not
+ * returned, charges of frees the driver may have done already, a pool's spare while an allocation
+ * from it runs (another thread may trim it). _ahead before the call, _landed once the call returned
+ * and its charge was settled (or the charge refused) */
 VGPU_HIDDEN void vgpu_budget_ahead(int dev, uint64_t bytes);
 VGPU_HIDDEN void vgpu_budget_landed(int dev, uint64_t bytes);
 VGPU_HIDDEN uint64_t vgpu_budget_in_flight(int dev);

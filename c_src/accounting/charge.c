@@ -22,7 +22,7 @@ static uint64_t near_margin(uint64_t limit)
 }
 
 /* One line per refusal, at most one a second per process; the ones in between are counted. */
-static void log_refusal(int dev, uint64_t bytes)
+VGPU_HIDDEN void vgpu_charge_refused(int dev, uint64_t bytes)
 {
     static uint64_t last_s;
     static unsigned suppressed;
@@ -75,7 +75,7 @@ static CUresult charge(int dev, uint64_t bytes, int log)
         return CUDA_SUCCESS;
     vgpu_budget_landed(dev, bytes);
     if (log)
-        log_refusal(dev, bytes);
+        vgpu_charge_refused(dev, bytes);
     return CUDA_ERROR_OUT_OF_MEMORY;
 }
 
@@ -126,8 +126,8 @@ VGPU_HIDDEN struct vgpu_tracked vgpu_untrack(uint64_t key, int kind)
 {
     struct vgpu_tracked t = {0, VGPU_DEV_UNKNOWN, 0};
 
-    if (key)
-        t.found = vgpu_table_take(key, kind, &t.dev, &t.size);
+    if (key && (t.found = vgpu_table_take(key, kind, &t.dev, &t.size)))
+        vgpu_budget_ahead(t.dev, t.size); /* the driver may give it back before the call returns */
     return t;
 }
 
@@ -139,6 +139,7 @@ VGPU_HIDDEN void vgpu_untrack_done(CUresult rc, uint64_t key, int kind, struct v
         vgpu_budget_release(t.dev, t.size);
     else
         vgpu_table_put(key, kind, t.dev, t.size); /* the driver kept it: keep counting it */
+    vgpu_budget_landed(t.dev, t.size);
 }
 
 VGPU_HIDDEN uint64_t vgpu_mul_sat(uint64_t a, uint64_t b)

@@ -19,6 +19,10 @@
 
 #define CHUNK 64
 #define NCHUNKS (VGPU_POOLS_MAX / CHUNK)
+/* a pool's step before any of its growths shows it: what pools grow by on current drivers (H200,
+ * driver 580). A driver that grows by less is insured for more than it takes until the step is
+ * learnt; one that grows by more is caught after the call (undo) and learnt. */
+#define FIRST_STEP (32ull << 20)
 
 struct slot {
     pthread_mutex_t grow;
@@ -33,6 +37,7 @@ struct slot {
 
 static struct slot *chunks[NCHUNKS];
 static int nslots; /* slots in chunks so far (under lock) */
+static uint64_t dev_step[VGPU_MAX_DEVICES]; /* the step the device's pools last showed (a new pool's first guess) */
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static int pooled_live; /* pool allocations in the table: frees skip the lookup while 0 */
 
@@ -127,6 +132,12 @@ static uint64_t pow2_above(uint64_t x)
     return x >= (1ull << 63) ? 1ull << 63 : x ? 1ull << (64 - __builtin_clzll(x)) : 1;
 }
 
+/* the step the slot's growths allow (0: none seen) */
+static uint64_t step_of(const struct slot *s)
+{
+    return s->step_cap && s->step_cap < s->step_low ? s->step_cap : s->step_low;
+}
+
 static void learn_step(struct slot *s, uint64_t grew, uint64_t shortfall)
 {
     uint64_t low = pow2_above(grew > shortfall ? grew - shortfall : 0), cap = grew & -grew;
@@ -135,17 +146,23 @@ static void learn_step(struct slot *s, uint64_t grew, uint64_t shortfall)
         s->step_low = low;
     if (!s->step_cap || cap < s->step_cap)
         s->step_cap = cap;
+    if (s->dev >= 0 && s->dev < VGPU_MAX_DEVICES)
+        __atomic_store_n(&dev_step[s->dev], step_of(s), __ATOMIC_RELAXED);
 }
 
-/* the shortfall as the pool will grow for it: rounded up to the step it cannot be under */
-static uint64_t growth_for(const struct slot *s, uint64_t shortfall)
+/* what the pool grows by for `bytes` it cannot take from its spare: rounded up to its step, or
+ * before it grew at all, to the step the device's pools showed (else FIRST_STEP) */
+static uint64_t growth_for(const struct slot *s, uint64_t bytes)
 {
-    uint64_t step = s->step_cap && s->step_cap < s->step_low ? s->step_cap : s->step_low, r;
+    uint64_t step = step_of(s), r;
 
-    if (!shortfall || step < 2)
-        return shortfall;
-    r = (shortfall + step - 1) & ~(step - 1);
-    return r < shortfall ? shortfall : r; /* saturated: the limit refuses it anyway */
+    if (!step && s->dev >= 0 && s->dev < VGPU_MAX_DEVICES && !(step = __atomic_load_n(&dev_step[s->dev],
+                                                                                        __ATOMIC_RELAXED)))
+        step = FIRST_STEP;
+    if (!bytes || step < 2)
+        return bytes;
+    r = (bytes + step - 1) & ~(step - 1);
+    return r < bytes ? bytes : r; /* saturated: the limit refuses it anyway */
 }
 
 /* grow held: charge dev exactly the reserve the driver reports */
@@ -171,6 +188,23 @@ static void drop(struct slot *s, CUmemoryPool pool)
     pthread_mutex_unlock(&lock);
 }
 
+/* grow held, the insurance refused: steps of the pool's spare that nothing uses are given back to
+ * make room (the pool would keep them up to its release threshold; being refused is worse). 1
+ * when the reserve went down. */
+static int trim_spare(struct slot *s, struct vgpu_pool_op *op, CUmemoryPool pool, uint64_t used, uint64_t bytes)
+{
+    uint64_t reserved;
+
+    if (REAL(cuMemPoolTrimTo)(pool, used) != CUDA_SUCCESS ||
+        attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &reserved) != 0 || reserved >= op->reserved)
+        return 0;
+    settle_to(s, reserved);
+    op->reserved = reserved;
+    used = used < reserved ? used : reserved; /* freed meanwhile: the spare is at most what remains */
+    op->shortfall = reserved - used >= bytes ? 0 : bytes - (reserved - used);
+    return 1;
+}
+
 VGPU_HIDDEN CUresult vgpu_pool_begin(struct vgpu_pool_op *op, int dev, CUmemoryPool pool, uint64_t bytes)
 {
     uint64_t reserved, used;
@@ -179,7 +213,7 @@ VGPU_HIDDEN CUresult vgpu_pool_begin(struct vgpu_pool_op *op, int dev, CUmemoryP
 
     op->dev = dev;
     op->slot = -1;
-    op->need = 0;
+    op->need = op->spare = 0;
     op->pool = pool;
     if (dev < 0)
         return CUDA_SUCCESS; /* host pool or unknown device: not charged */
@@ -202,10 +236,25 @@ VGPU_HIDDEN CUresult vgpu_pool_begin(struct vgpu_pool_op *op, int dev, CUmemoryP
     settle_to(s, reserved); /* trimmed since the last allocation: the charge follows */
     op->reserved = reserved;
     op->shortfall = reserved - used >= bytes ? 0 : bytes - (reserved - used);
-    op->need = growth_for(s, op->shortfall);
-    rc = vgpu_charge(dev, op->need);
-    if (rc != CUDA_SUCCESS)
+    /* Insured as if none of the spare could serve it: a spare in pieces smaller than the
+     * allocation, or freed on another stream and not yet reusable, lets the driver grow the pool
+     * where the spare looked enough. Grown past the limit and undone, that was over the limit for
+     * a moment, thousands of times a second in a full container on an H200. What the pool does not
+     * grow is given back in vgpu_pool_end. */
+    op->need = growth_for(s, bytes);
+    rc = vgpu_charge_quiet(dev, op->need);
+    if (rc != CUDA_SUCCESS && reserved - used >= growth_for(s, 1) && trim_spare(s, op, pool, used, bytes))
+        rc = vgpu_charge_quiet(dev, op->need); /* the pool's free steps made room */
+    if (rc != CUDA_SUCCESS) {
+        if (rc == CUDA_ERROR_OUT_OF_MEMORY)
+            vgpu_charge_refused(dev, bytes);
         pthread_mutex_unlock(&s->grow);
+        return rc;
+    }
+    /* charged, and until the call returns maybe trimmed by another thread (a reading settles only
+     * the pools no allocation is growing) */
+    op->spare = op->reserved > used ? op->reserved - used : 0;
+    vgpu_budget_ahead(dev, op->spare);
     return rc;
 }
 
@@ -258,7 +307,7 @@ VGPU_HIDDEN CUresult vgpu_pool_end(struct vgpu_pool_op *op, CUresult rc, CUdevic
         s->out += bytes;
         __atomic_fetch_add(&pooled_live, 1, __ATOMIC_RELAXED);
     }
-    vgpu_budget_landed(s->dev, op->need); /* the charge follows the reserve the driver reported */
+    vgpu_budget_landed(s->dev, op->need + op->spare); /* the charge follows the reserve the driver reported */
     pthread_mutex_unlock(&s->grow);
     return rc;
 }

@@ -11,8 +11,12 @@
  *
  * A pool grows in steps, not by the shortfall (32 MiB on an H200 with driver 580: a 1-byte
  * allocation from an empty pool reserves 32 MiB). The step is learnt from the pool's growths, as a
- * bound it cannot be under, and the shortfall is charged rounded up to it: an allocation whose
- * step does not fit is refused before the pool grows, never grown past the limit and undone.
+ * bound it cannot be under (32 MiB until one is seen). A spare reserve that looks large enough may
+ * still serve nothing (pieces too small, or frees pending on another stream), so an allocation is
+ * charged the growth for all of it, rounded up to the step, and what the pool did not grow is given
+ * back after the call: a growth that does not fit is refused before the pool grows, never grown
+ * past the limit and undone. In a full container the pool's fully free steps are trimmed first, to
+ * make room; the part of its spare in steps that are partly used cannot be counted on there.
  *
  * A pool destroyed while allocations are outstanding keeps their memory until they are freed
  * (the driver defers it): that part stays charged and is given back free by free. */
@@ -33,6 +37,7 @@ struct vgpu_pool_op {
     int slot;      /* -1: charged per allocation (no reserve attribute), or nothing to charge */
     uint64_t need; /* charged before the call */
     uint64_t shortfall, reserved; /* what the spare reserve lacked, and the reserve, at the start */
+    uint64_t spare;               /* the reserve's unused part at the start: in flight during the call */
     CUmemoryPool pool;
 };
 

@@ -12,7 +12,12 @@
  *                             device, every created/green context; default 0)
  *   FAKE_CUDA_POOL_GRANULE_MB=G a pool's reserve grows in steps of G MiB, as a real pool's does
  *                             (default: by the shortfall exactly)
- *   FAKE_CUDA_ALLOC_DELAY_MS=N cuMemAlloc takes N ms before it takes the memory (a call still running)
+ *   FAKE_CUDA_POOL_SPARE_UNUSABLE=1 a pool's spare serves no allocation: each grows the reserve by its
+ *                             whole size, as a real pool does when its spare is in pieces too small or
+ *                             freed on another stream and not reusable yet
+ *   FAKE_CUDA_ALLOC_DELAY_MS=N cuMemAlloc and pool allocations take N ms before they take the memory
+ *                             (a call still running)
+ *   FAKE_CUDA_FREE_DELAY_MS=N cuMemFree gives the memory back, then takes N ms before it returns
  *   FAKE_CUDA_LEGACY=1        the CUDA 12.8+/13 queries (cuStreamGetDevice, cuCtxGetDevice_v2, pool
  *                             location attributes) fail, like an older driver
  *   FAKE_CUDA_PROC_ALIASES=1  cuGetProcAddress hands out internal addresses for some entries
@@ -141,7 +146,9 @@ static uint64_t own_used[MAXDEV];
 static uint64_t *dev_used = own_used; /* per CUDA ordinal: allocations + contexts + pool reserves */
 static uint64_t ctx_size;         /* FAKE_CUDA_CTX_MB */
 static uint64_t pool_granule;     /* FAKE_CUDA_POOL_GRANULE_MB */
+static int spare_unusable;        /* FAKE_CUDA_POOL_SPARE_UNUSABLE */
 static unsigned alloc_delay_ms;   /* FAKE_CUDA_ALLOC_DELAY_MS */
+static unsigned free_delay_ms;    /* FAKE_CUDA_FREE_DELAY_MS */
 static int legacy;
 static int initialized;
 
@@ -314,9 +321,14 @@ __attribute__((constructor)) static void fake_config(void)
     s = getenv("FAKE_CUDA_POOL_GRANULE_MB");
     if (s)
         pool_granule = strtoull(s, NULL, 10) << 20;
+    s = getenv("FAKE_CUDA_POOL_SPARE_UNUSABLE");
+    spare_unusable = s && s[0] == '1';
     s = getenv("FAKE_CUDA_ALLOC_DELAY_MS");
     if (s)
         alloc_delay_ms = (unsigned)strtoul(s, NULL, 10);
+    s = getenv("FAKE_CUDA_FREE_DELAY_MS");
+    if (s)
+        free_delay_ms = (unsigned)strtoul(s, NULL, 10);
     s = getenv("FAKE_CUDA_LEGACY");
     legacy = s && s[0] == '1';
     default_pools_init();
@@ -998,8 +1010,12 @@ EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t size)
 
 EXPORT CUresult cuMemFree_v2(CUdeviceptr p)
 {
+    CUresult rc;
     COUNT(cuMemFree_v2);
-    return give(p);
+    rc = give(p);
+    if (free_delay_ms)
+        usleep(free_delay_ms * 1000u);
+    return rc;
 }
 
 static CUresult alloc_pitch(CUdeviceptr *dptr, size_t *pitch, size_t w, size_t h, unsigned int esz)
@@ -1099,8 +1115,10 @@ static CUresult pool_take(struct CUmemPoolHandle_st *pool, uint64_t size, uint64
     uint64_t avail;
     if (!size)
         return CUDA_ERROR_INVALID_VALUE;
+    if (alloc_delay_ms)
+        usleep(alloc_delay_ms * 1000u);
     pthread_mutex_lock(&mu);
-    avail = pool->reserved - pool->used;
+    avail = spare_unusable ? 0 : pool->reserved - pool->used;
     if (avail < size) {
         uint64_t grow = size - avail;
         if (pool_granule)

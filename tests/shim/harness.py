@@ -59,6 +59,7 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle *, size_t, const CUmemAllocati
 CUresult cuMemRelease(CUmemGenericAllocationHandle);
 CUresult cuMemPoolCreate(CUmemoryPool *, const CUmemPoolProps *);
 CUresult cuMemPoolDestroy(CUmemoryPool);
+CUresult cuMemPoolTrimTo(CUmemoryPool, size_t);
 CUresult cuMemPoolGetAttribute(CUmemoryPool, int, void *);
 CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *, CUdevice);
 CUresult cuArrayCreate_v2(CUarray *, const CUDA_ARRAY_DESCRIPTOR *);
@@ -82,6 +83,7 @@ int nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t, nvmlMemory_v2_t *);
 int nvml_preInit(void);
 unsigned long fake_calls(const char *);
 unsigned long long fake_used(int);
+unsigned long long fake_used_high(int);
 void *dlsym(void *, const char *);
 """
 

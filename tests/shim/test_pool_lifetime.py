@@ -99,32 +99,71 @@ def reserve_high(pool):
 
 def test_a_growth_step_that_does_not_fit_is_refused_before_the_pool_grows(env: Env) -> None:
     """A real pool grows in steps (32 MiB on an H200; the fake here too), so an allocation adds more to
-    the reserve than it was short of. Once a growth has shown the step, a shortfall is charged rounded up
-    to it: near the limit the allocation is refused before the pool grows, so the device never holds
-    more than the limit, not even for the moment an over-grown pool took to be undone."""
+    the reserve than it was short of. An allocation is charged the pool's growth for all of it, rounded
+    up to the step: near the limit it is refused before the pool grows, so the device never holds more
+    than the limit, not even for the moment an over-grown pool took to be undone."""
     r = env.run_py(STEPS + """
 pool = new_pool()
-rcs = [pool_alloc(pool, n * MiB)[0] for n in (10, 70, 10, 10)]
+rcs = [pool_alloc(pool, n * MiB)[0] for n in (10, 50, 10, 30)]
 emit(rcs=rcs, real=fake.fake_used(0), high=reserve_high(pool), info=meminfo())
 """, LIMIT | {"CUDA_DEVICE_MEMORY_LIMIT": "100m", "FAKE_CUDA_POOL_GRANULE_MB": "32"}).result
-    # 10 -> reserve 32 (the step: 32 MiB); 70 -> 96; 10 from the spare; 10 would take the reserve to 128 > 100
+    # 10 -> reserve 32; 50 -> 64; 10 -> 96; 30 would take the reserve to 128 > 100
     assert r["rcs"] == [0, 0, 0, 2], r
     assert r["high"] == 96 * MiB, r                     # never grown past the limit (was 128, then undone)
     assert r["real"] <= 100 * MiB, r
     assert r["info"][1] == 100 * MiB - r["real"], r     # what is charged is what the device holds
 
 
-def test_a_pools_first_growth_past_the_limit_is_undone(env: Env) -> None:
-    """Before any growth has shown the step, the shortfall is charged as it is; a growth past the limit
-    is freed, the pool trimmed back and the caller refused; the charge and the device agree again."""
+def test_a_pools_first_growth_is_charged_a_step_before_the_pool_grows(env: Env) -> None:
+    """Before any growth has shown the pool's step, the step pools grow by on current drivers (32 MiB) is
+    charged: a first growth that does not fit is refused before the driver makes it."""
     r = env.run_py(STEPS + """
 used = [alloc(80 * MiB)[0]]
 pool = new_pool()
 rc = pool_alloc(pool, 10 * MiB)[0]
-emit(used=used, rc=rc, real=fake.fake_used(0), reserved=fake.fake_used(0) - 80 * MiB, info=meminfo())
+emit(used=used, rc=rc, real=fake.fake_used(0), high=fake.fake_used_high(0), info=meminfo())
 """, LIMIT | {"CUDA_DEVICE_MEMORY_LIMIT": "100m", "FAKE_CUDA_POOL_GRANULE_MB": "32"}).result
     assert r["used"] == [0] and r["rc"] == 2, r          # 80 + a 32 MiB step > 100
-    assert r["reserved"] == 0, r                        # trimmed back
+    assert r["high"] == 80 * MiB, r                     # the pool never grew (was 112, then undone)
+    assert r["info"][1] == 100 * MiB - r["real"], r
+
+
+def test_a_spare_the_driver_cannot_use_never_takes_the_pool_past_the_limit(env: Env) -> None:
+    """A pool's spare may serve nothing: pieces smaller than the allocation, or memory freed on another
+    stream and not reusable yet. The driver then grows the pool where the spare looked enough. Each
+    allocation is insured for its whole growth, so that growth is never made past the limit; at the limit
+    the pool's free steps are given back to make room (the reserve was 128 MiB under 100m, then undone)."""
+    r = env.run_py(STEPS + """
+pool = new_pool()
+rcs = []
+for i in range(8):
+    rc, p = pool_alloc(pool, 10 * MiB)       # reserve 32, 64, 96; then trimmed to make room, and again
+    rcs.append(rc)
+    if rc == 0:
+        assert shim.cuMemFreeAsync(p, s[0]) == 0
+emit(rcs=rcs, high=fake.fake_used_high(0), info=meminfo(), real=fake.fake_used(0))
+""", LIMIT | {"CUDA_DEVICE_MEMORY_LIMIT": "100m", "FAKE_CUDA_POOL_GRANULE_MB": "32",
+              "FAKE_CUDA_POOL_SPARE_UNUSABLE": "1"}).result
+    assert r["rcs"] == [0] * 8, r
+    assert r["high"] <= 100 * MiB, r
+    assert r["info"][1] == 100 * MiB - r["real"], r
+
+
+def test_a_full_container_gives_back_the_pools_free_steps_to_make_room(env: Env) -> None:
+    """At the limit, a pool's fully free steps are given back before an allocation is refused (the pool
+    would keep them up to its release threshold): the allocation is then insured from what they held."""
+    r = env.run_py(STEPS + """
+pool = new_pool()
+rc, p = pool_alloc(pool, 60 * MiB)           # reserve 64
+assert rc == 0 and shim.cuMemFreeAsync(p, s[0]) == 0
+held = alloc(30 * MiB)[0]                    # 94 of 100
+rc = pool_alloc(pool, 20 * MiB)[0]           # a 32 MiB step does not fit beside 94: the free 64 go back
+emit(held=held, rc=rc, reserve=fake.fake_used(0) - 30 * MiB, high=fake.fake_used_high(0), info=meminfo(),
+     real=fake.fake_used(0))
+""", LIMIT | {"CUDA_DEVICE_MEMORY_LIMIT": "100m", "FAKE_CUDA_POOL_GRANULE_MB": "32"}).result
+    assert r["held"] == 0 and r["rc"] == 0, r
+    assert r["reserve"] == 32 * MiB, r
+    assert r["high"] <= 100 * MiB, r
     assert r["info"][1] == 100 * MiB - r["real"], r
 
 
@@ -140,3 +179,30 @@ emit(first=first, ok=ok, high=reserve_high(pool), info=meminfo())
     assert r["first"] == [0, 0] and r["ok"] == 0, r
     assert r["high"] == 96 * MiB, r
     assert r["info"][1] == 4 * MiB, r
+
+
+def test_a_reading_while_a_pool_allocation_runs_counts_its_spare_as_maybe_trimmed(env: Env) -> None:
+    """While an allocation from a pool runs, another thread may trim the pool's spare, and a reading cannot
+    settle that pool (the allocation holds it). Taken as held, the spare trimmed made the context's memory
+    look like less overhead: it was dropped, and found short once the allocation settled the pool."""
+    r = env.run_py(POOLS + """
+import time
+pool = new_pool()
+rc, p = pool_alloc(pool, 200 * MiB)
+assert rc == 0 and shim.cuMemFreeAsync(p, s[0]) == 0     # the pool keeps 200 MiB spare
+got = {}
+def grow():
+    ctx_on(0)
+    got["rc"] = pool_alloc(pool, 10 * MiB)[0]           # 300 ms in the driver
+t = threading.Thread(target=grow)
+t.start()
+time.sleep(0.05)
+assert shim.cuMemPoolTrimTo(pool, 0) == 0              # the spare goes back meanwhile
+near = alloc(70 * MiB)[0]                              # near the limit: a reading while the pool allocation runs
+t.join()
+more = alloc(250 * MiB)[0]                             # far from the limit by what is charged: no reading
+emit(rc=got["rc"], near=near, more=more, high=fake.fake_used_high(0), after=meminfo(), real=fake.fake_used(0))
+""", {"CUDA_DEVICE_MEMORY_LIMIT": "400m", "FAKE_CUDA_CTX_MB": "100", "FAKE_CUDA_ALLOC_DELAY_MS": "300"}).result
+    assert r["rc"] == 0 and r["near"] == 0 and r["more"] == 2, r
+    assert r["high"] <= 400 * MiB, r                  # was 430: the context's 100 MiB went uncounted
+    assert r["after"][1] == 400 * MiB - r["real"], r  # what is charged is what the device holds
