@@ -46,6 +46,8 @@ struct dev_state {
     nvmlDevice_t nvml;     /* NULL until looked up */
     uint64_t ctx_cost;     /* what this process's last context creation took, measured (0: none yet) */
     uint64_t standin;      /* charged for contexts being made, until measured (atomic): not an allocation */
+    uint64_t room;         /* charged for the identity probe while our entry is unknown (under lock) */
+    int probing;           /* a probe from the room is held: the room is in our entry (under lock) */
 };
 
 static struct dev_state devs[VGPU_MAX_DEVICES];
@@ -201,6 +203,8 @@ static uint64_t charges(int dev, uint64_t *ahead)
 {
     uint64_t standin = __atomic_load_n(&devs[dev].standin, __ATOMIC_SEQ_CST), v;
 
+    if (!devs[dev].probing) /* the room is not held either, but by a probe */
+        standin += __atomic_load_n(&devs[dev].room, __ATOMIC_RELAXED);
     *ahead = vgpu_budget_in_flight(dev);
     v = vgpu_budget_mine(dev) - devs[dev].charged;
     return v > standin ? v - standin : 0;
@@ -219,23 +223,19 @@ static void list_into(int dev, nvmlDevice_t h, struct listing *l)
         l->low = ahead;
 }
 
-/* A device's lock held: find our entry by a probe allocation; 1 when exactly one entry grew by it.
- * The probe is charged first (no room left: no probe) and made with the real cuMemCreate, which
- * needs no current context. The listing made while the probe is held serves the measurement that
- * follows (the probe is in both our charges and our entry): identifying costs one listing more. */
-static int probe_identity(int dev, nvmlDevice_t h, struct listing *l)
+/* A device's lock held, the probe charged: the pid of the one entry that grew by a probe allocation
+ * while it was held, 0 if not exactly one. The probe is made with the real cuMemCreate, which needs
+ * no current context. The listing made while it is held serves the measurement that follows (the
+ * probe is in both our charges and our entry): identifying costs one listing more. */
+static unsigned probe_once(int dev, nvmlDevice_t h, CUdevice d, struct listing *l)
 {
     nvmlProcessInfo_t before[MAX_PROCS];
     const nvmlProcessInfo_t *during = l->procs;
     CUmemGenericAllocationHandle mem;
     CUmemAllocationProp prop;
-    CUdevice d;
     unsigned found = 0;
     int nb, nd = -1, i, hits = 0;
 
-    __atomic_store_n(&last_probe_ns, now_ns(), __ATOMIC_RELAXED);
-    if (REAL(cuDeviceGet)(&d, dev) != CUDA_SUCCESS || vgpu_budget_reserve(dev, PROBE_BYTES) != 0)
-        return 0;
     memset(&prop, 0, sizeof prop);
     prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
     prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
@@ -246,14 +246,39 @@ static int probe_identity(int dev, nvmlDevice_t h, struct listing *l)
         nd = l->n;
         REAL(cuMemRelease)(mem);
     }
-    vgpu_budget_release(dev, PROBE_BYTES);
     for (i = 0; i < nd; i++)
         if (known(dev, &during[i]) && during[i].usedGpuMemory >= used_of(before, nb, during[i].pid) + PROBE_BYTES) {
             found = during[i].pid;
             hits++;
         }
-    if (hits != 1)
+    return hits == 1 ? found : 0;
+}
+
+/* A device's lock held: find our entry by a probe allocation, charged first: from the room kept for
+ * it while our entry is unknown (a full container has none to spare, and an unknown entry leaves
+ * our contexts counted by a guess), else reserved for the moment (no room: no probe). 1 when found. */
+static int probe_identity(int dev, nvmlDevice_t h, struct listing *l)
+{
+    struct dev_state *s = &devs[dev];
+    uint64_t room = __atomic_load_n(&s->room, __ATOMIC_RELAXED);
+    int own_room = room >= PROBE_BYTES;
+    unsigned found;
+    CUdevice d;
+
+    __atomic_store_n(&last_probe_ns, now_ns(), __ATOMIC_RELAXED);
+    if (REAL(cuDeviceGet)(&d, dev) != CUDA_SUCCESS || (!own_room && vgpu_budget_reserve(dev, PROBE_BYTES) != 0))
         return 0;
+    s->probing = own_room;
+    found = probe_once(dev, h, d, l);
+    s->probing = 0;
+    if (!own_room)
+        vgpu_budget_release(dev, PROBE_BYTES);
+    if (!found)
+        return 0;
+    if (room) { /* found: the room is not needed any more */
+        __atomic_store_n(&s->room, 0, __ATOMIC_RELAXED);
+        vgpu_budget_release(dev, room);
+    }
     if (__atomic_exchange_n(&host_pid, found, __ATOMIC_RELAXED) != found)
         VGPU_INFO("NVML knows this process as host pid %u", found);
     return 1;
@@ -281,6 +306,15 @@ static void no_list_warning(int dev)
                   dev);
 }
 
+/* lock held: NVML cannot tell our entry (no list, no per-process figures): the probe's room goes back */
+static void drop_room(int dev)
+{
+    uint64_t room = __atomic_exchange_n(&devs[dev].room, 0, __ATOMIC_RELAXED);
+
+    if (room)
+        vgpu_budget_release(dev, room);
+}
+
 /* lock held; 1 when the figure is this process's own (NVML per process), 0 for the fallback */
 static int measure(int dev, int force_probe)
 {
@@ -306,8 +340,9 @@ again:
     n = l.n;
     before = l.before;
     after = l.after;
-    devs[dev].no_list = n < 0;
+    __atomic_store_n(&devs[dev].no_list, n < 0, __ATOMIC_RELAXED);
     if (n < 0) {
+        drop_room(dev);
         no_list_warning(dev);
         set_charge(dev, devs[dev].fallback);
         return 0;
@@ -321,6 +356,7 @@ again:
         ;
     seen = i < n;
     if (seen && !known(dev, &procs[i])) {
+        drop_room(dev);
         set_charge(dev, devs[dev].fallback); /* MIG or a vGPU host hides per-process figures */
         return 0;
     }
@@ -408,7 +444,7 @@ static void drop_precharge(struct vgpu_ctx_probe *p)
 VGPU_HIDDEN CUresult vgpu_overhead_before_ctx(int dev, struct vgpu_ctx_probe *p)
 {
     nvmlDevice_t h;
-    uint64_t est;
+    uint64_t est, room;
 
     p->dev = dev;
     p->armed = 0;
@@ -419,18 +455,35 @@ VGPU_HIDDEN CUresult vgpu_overhead_before_ctx(int dev, struct vgpu_ctx_probe *p)
     est = __atomic_load_n(&devs[dev].ctx_cost, __ATOMIC_RELAXED);
     if (!est)
         est = vgpu_budget_ctx_hint(dev, device_bytes(dev));
-    if (est && vgpu_charge_quiet(dev, est) != CUDA_SUCCESS) {
+    /* with room for the probe that finds our NVML entry, while it is unknown and NVML can list (a
+     * racy look: a second room is given back under the lock) */
+    h = nvml_of(dev);
+    room = h && !__atomic_load_n(&devs[dev].no_list, __ATOMIC_RELAXED) &&
+                   !__atomic_load_n(&host_pid, __ATOMIC_RELAXED) && !__atomic_load_n(&devs[dev].room, __ATOMIC_RELAXED)
+               ? PROBE_BYTES
+               : 0;
+    if (room && vgpu_charge_quiet(dev, est + room) != CUDA_SUCCESS)
+        room = 0; /* no room for it: the context alone (our entry is found later, or never) */
+    if (!room && est && vgpu_charge_quiet(dev, est) != CUDA_SUCCESS) {
         VGPU_WARN("device %d: a new CUDA context would take about %.0f MiB (what the container's last one took), "
                   "more than the container has (%.0f of %.0f MiB used): refused before the driver makes it",
                   dev, est / MiB, vgpu_budget_used(dev) / MiB, vgpu_budget_limit(dev) / MiB);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
+    vgpu_budget_landed(dev, est + room);
+    if (room) {
+        pthread_mutex_lock(&devs[dev].lock);
+        if (__atomic_load_n(&devs[dev].room, __ATOMIC_RELAXED) || __atomic_load_n(&host_pid, __ATOMIC_RELAXED))
+            vgpu_budget_release(dev, room); /* another thread's, or found meanwhile */
+        else
+            __atomic_store_n(&devs[dev].room, room, __ATOMIC_RELAXED);
+        pthread_mutex_unlock(&devs[dev].lock);
+    }
     if (est) { /* a stand-in for the context's memory, not an allocation: measured as overhead once made */
         __atomic_fetch_add(&devs[dev].standin, est, __ATOMIC_SEQ_CST);
-        vgpu_budget_landed(dev, est);
         p->precharge = est;
     }
-    if (!(h = nvml_of(dev)))
+    if (!h)
         return CUDA_SUCCESS;
     /* the device-wide delta stands in only while our entry is unknown: two NVML calls saved */
     p->delta = !__atomic_load_n(&host_pid, __ATOMIC_RELAXED);
@@ -455,8 +508,14 @@ VGPU_HIDDEN CUresult vgpu_overhead_after_ctx(CUresult rc, struct vgpu_ctx_probe 
     s = &devs[p->dev];
     h = nvml_of(p->dev);
     pthread_mutex_lock(&s->lock);
-    if (h && p->delta && device_used(h, &used_after) == 0 && used_after > p->used_before)
-        s->fallback += (p->added = used_after - p->used_before);
+    /* while our entry is unknown: the device's used-memory change, or if more, what such a context
+     * took (a neighbour's pool trimmed meanwhile makes the change look smaller by its steps) */
+    if (h && p->delta && device_used(h, &used_after) == 0) {
+        p->added = used_after > p->used_before ? used_after - p->used_before : 0;
+        if (p->added < p->precharge)
+            p->added = p->precharge;
+        s->fallback += p->added;
+    }
     prev = s->charged;
     own = measure(p->dev, 1);
     prev = s->charged > prev ? s->charged - prev : 0; /* what the new context added */
@@ -514,5 +573,6 @@ VGPU_HIDDEN void vgpu_overhead_atfork_child(void)
         devs[i].no_list = 0;
         devs[i].ctx_cost = 0; /* the child's contexts are its own to measure */
         devs[i].standin = 0;
+        devs[i].room = 0; /* the child's budget starts empty */
     }
 }

@@ -17,6 +17,8 @@
  *                                  equals our pid inside the container)
  *   FAKE_NVML_OTHERS_WITH_US=1     the others appear only while this process has a context on the
  *                                  device (a neighbour that starts during our context creation)
+ *   FAKE_NVML_OTHERS_LEAVE=1       the others are gone once this process has a context on the device
+ *                                  (a neighbour that frees its memory during our context creation)
  *   FAKE_NVML_SELF_LATE_MS=N       this process is listed only N ms after it is first seen with a
  *                                  context (NVML listing a new process late)
  * Fault injection:
@@ -59,6 +61,7 @@ static unsigned nothers;
 static int procs_fail;
 static unsigned delay_ms;
 static int others_with_us;
+static int others_leave;
 static int self_absurd;
 static unsigned self_late_ms;
 
@@ -116,6 +119,8 @@ __attribute__((constructor)) static void fake_config(void)
     self_absurd = s && *s == '1';
     s = getenv("FAKE_NVML_OTHERS_WITH_US");
     others_with_us = s && *s == '1';
+    s = getenv("FAKE_NVML_OTHERS_LEAVE");
+    others_leave = s && *s == '1';
     s = getenv("FAKE_NVML_SELF_LATE_MS");
     if (s)
         self_late_ms = (unsigned)strtoul(s, NULL, 10);
@@ -298,6 +303,8 @@ EXPORT nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *d)
 /* ---- memory and processes: this process (while it has a context there) and FAKE_NVML_OTHERS ---- */
 static int others_there(unsigned p)
 {
+    if (others_leave)
+        return !own_ctx(p);
     return !others_with_us || own_ctx(p);
 }
 

@@ -6,6 +6,7 @@ probe (a small allocation only its own entry shows) and learns again when the ev
 from __future__ import annotations
 
 import subprocess
+import time
 
 import pytest
 
@@ -170,3 +171,79 @@ def test_nvml_queries_per_context_and_refusal_are_bounded(env: Env) -> None:
     r = dict(line.split(None, 1) for line in child.stdout.splitlines())
     assert r["refused"] == "2"
     assert (r["first_ctx"], r["second_ctx"], r["refusal"]) == ("4", "1", "1"), r
+
+
+def _region_env(env: Env, extra: dict[str, str]) -> dict[str, str]:
+    e = env.base_env({"CUDA_DEVICE_MEMORY_SHARED_CACHE": str(env.tmp / "shared.cache"),
+                      "CUDA_DEVICE_MEMORY_LIMIT": "1000m", "FAKE_CUDA_MEM_MB": "4096", "FAKE_CUDA_CTX_MB": "100",
+                      **extra})
+    e["LD_LIBRARY_PATH"] = str(env.fake_dir)
+    e["LD_PRELOAD"] = str(env.shim)
+    return e
+
+
+def test_a_context_counted_by_the_device_change_is_counted_at_least_as_the_last_one(env: Env) -> None:
+    """Without NVML's process list, a context is counted by the device's used-memory change across its
+    creation. A neighbour freeing meanwhile makes that change smaller than the context (to nothing here),
+    so what the container's last context took counts when it is more: the limit still holds."""
+    holder = env.compile_c("holder", HOLDER, f"-L{env.fake_dir}", "-l:libcuda.so.1")
+    first = subprocess.run([str(holder), "0"], env=_region_env(env, {}), input="\n", capture_output=True,
+                           text=True, timeout=30)       # measures its context: 100 MiB, left as the hint
+    assert first.returncode == 0, first.stderr
+    exe = env.compile_c("identity", PROGRAM, f"-L{env.fake_dir}", "-l:libcuda.so.1")
+    child = subprocess.run([str(exe), "0"], env=_region_env(env, {
+        "FAKE_NVML_PROCS_FAIL": "1", "FAKE_NVML_OTHERS": "4242:300", "FAKE_NVML_OTHERS_LEAVE": "1"}),
+        capture_output=True, text=True, timeout=30)
+    assert child.returncode == 0, (child.stdout, child.stderr)
+    r = dict(line.split(None, 1) for line in child.stdout.splitlines())
+    assert r["free_after_ctx"] == "900", (r, child.stderr)   # was 1000: the context's 100 MiB uncounted
+    assert (r["a300"], r["a500"], r["a200"]) == ("0", "0", "2"), (r, child.stderr)
+    assert int(r["real"]) <= 1000
+
+
+LATE = r"""
+#include <cuda.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+int main(int argc, char **argv)
+{
+    CUdevice d;
+    CUcontext c;
+    CUdeviceptr a, b;
+    char line[8];
+
+    if (argc < 3 || cuInit(0) || cuDeviceGet(&d, 0) || cuDevicePrimaryCtxRetain(&c, d) || cuCtxSetCurrent(c))
+        return 1;
+    printf("first %d\n", cuMemAlloc(&a, (size_t)atoi(argv[1]) << 20));
+    fflush(stdout);
+    if (!fgets(line, sizeof line, stdin))
+        return 0;
+    printf("second %d\n", cuMemAlloc(&b, (size_t)atoi(argv[2]) << 20));   /* near the limit: NVML read again */
+    return 0;
+}
+"""
+
+
+def test_a_process_listed_late_is_still_found_in_a_full_container(env: Env) -> None:
+    """Until NVML lists a new process its context is counted by a guess, and finding its entry takes a
+    probe allocation. The room for it is charged with the context and kept until the entry is found, so a
+    neighbour filling the container meanwhile cannot leave the process on its guess for good."""
+    exe = env.compile_c("late", LATE, f"-L{env.fake_dir}", "-l:libcuda.so.1")
+    late = subprocess.Popen([str(exe), "1", "1"], env=_region_env(env, {"FAKE_NVML_SELF_LATE_MS": "300",
+                                                                        "LIBCUDA_LOG_LEVEL": "3"}),
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert late.stdout is not None and late.stdout.readline().strip() == "first 0"
+        # a neighbour: 100 + 797 beside the late one's 100 + 1 and its room's 2; then the last 2 MiB
+        filler = subprocess.run([str(exe), "797", "2"], env=_region_env(env, {}), input="\n", capture_output=True,
+                                text=True, timeout=30)
+        time.sleep(0.5)                               # the late one is listed by now
+        late_out, late_err = late.communicate("\n", timeout=30)
+    finally:
+        if late.poll() is None:
+            late.kill()
+            late.wait()
+    assert filler.stdout.split() == ["first", "0", "second", "2"], filler   # was granted: the probe's room
+    assert "NVML knows this process" in late_err, late_err   # was never found: no room left for the probe
+    assert "second 0" in late_out, (late_out, late_err)      # the room, no longer needed, serves it
