@@ -144,8 +144,6 @@ static void set_charge(int dev, uint64_t overhead)
     __atomic_store_n(&s->measured, 1, __ATOMIC_RELAXED);
 }
 
-/* An NVML figure above the device's size is garbage (one was seen at 2^53 B): believed, it would be
- * forced into the region and make every peer judge the region corrupt. */
 /* the device's size (asked once), 0 when the driver cannot say */
 static uint64_t device_bytes(int dev)
 {
@@ -159,6 +157,8 @@ static uint64_t device_bytes(int dev)
     return t;
 }
 
+/* An NVML figure above the device's size is garbage (one was seen at 2^53 B): believed, it would be
+ * forced into the region and make every peer judge the region corrupt. */
 static int sane(int dev, unsigned long long bytes, unsigned pid)
 {
     static int warned;

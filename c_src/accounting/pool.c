@@ -123,10 +123,9 @@ static int slot_of(CUmemoryPool pool, int dev)
  * of two. A growth g for a shortfall n leaves g - n < S (also when another thread trimmed or freed
  * in between: the driver's shortfall then differs from ours by what the growth shows), so S is at
  * least the next power of two above g - n; and S divides g, so S is at most the lowest set bit of g.
- * The charge rounds up to the larger bound that both allow: S itself after a growth or two, never
- * more while the pool's spare was usable, so a refusal on it is one the pool's real growth would
- * have earned. (A fragmented spare the driver could not use makes g - n look larger: the bound is
- * then at most the lowest set bit of every growth seen.) ---- */
+ * The charge rounds up to the larger bound that both allow: S itself after a growth or two. (A
+ * fragmented spare the driver could not use makes g - n look larger: the bound is then at most the
+ * lowest set bit of every growth seen.) ---- */
 static uint64_t pow2_above(uint64_t x)
 {
     return x >= (1ull << 63) ? 1ull << 63 : x ? 1ull << (64 - __builtin_clzll(x)) : 1;
@@ -150,15 +149,22 @@ static void learn_step(struct slot *s, uint64_t grew, uint64_t shortfall)
         __atomic_store_n(&dev_step[s->dev], step_of(s), __ATOMIC_RELAXED);
 }
 
-/* what the pool grows by for `bytes` it cannot take from its spare: rounded up to its step, or
- * before it grew at all, to the step the device's pools showed (else FIRST_STEP) */
+/* the step to charge by: the slot's, or before it grew at all, the one the device's pools showed
+ * (else FIRST_STEP) */
+static uint64_t step_for(const struct slot *s)
+{
+    uint64_t step = step_of(s);
+
+    if (!step && s->dev >= 0 && s->dev < VGPU_MAX_DEVICES)
+        step = __atomic_load_n(&dev_step[s->dev], __ATOMIC_RELAXED);
+    return step ? step : FIRST_STEP;
+}
+
+/* what the pool grows by for `bytes` it cannot take from its spare: rounded up to its step */
 static uint64_t growth_for(const struct slot *s, uint64_t bytes)
 {
-    uint64_t step = step_of(s), r;
+    uint64_t step = step_for(s), r;
 
-    if (!step && s->dev >= 0 && s->dev < VGPU_MAX_DEVICES && !(step = __atomic_load_n(&dev_step[s->dev],
-                                                                                        __ATOMIC_RELAXED)))
-        step = FIRST_STEP;
     if (!bytes || step < 2)
         return bytes;
     r = (bytes + step - 1) & ~(step - 1);
@@ -188,6 +194,15 @@ static void drop(struct slot *s, CUmemoryPool pool)
     pthread_mutex_unlock(&lock);
 }
 
+/* the pool's reserve and what of `bytes` its spare lacks (a `used` read before a trim may exceed
+ * the reserve after it: the spare is then none) */
+static void note_spare(struct vgpu_pool_op *op, uint64_t reserved, uint64_t used, uint64_t bytes)
+{
+    op->reserved = reserved;
+    op->spare = reserved > used ? reserved - used : 0;
+    op->shortfall = op->spare >= bytes ? 0 : bytes - op->spare;
+}
+
 /* grow held, the insurance refused: steps of the pool's spare that nothing uses are given back to
  * make room (the pool would keep them up to its release threshold; being refused is worse). 1
  * when the reserve went down. */
@@ -199,9 +214,7 @@ static int trim_spare(struct slot *s, struct vgpu_pool_op *op, CUmemoryPool pool
         attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &reserved) != 0 || reserved >= op->reserved)
         return 0;
     settle_to(s, reserved);
-    op->reserved = reserved;
-    used = used < reserved ? used : reserved; /* freed meanwhile: the spare is at most what remains */
-    op->shortfall = reserved - used >= bytes ? 0 : bytes - (reserved - used);
+    note_spare(op, reserved, used, bytes);
     return 1;
 }
 
@@ -234,8 +247,7 @@ VGPU_HIDDEN CUresult vgpu_pool_begin(struct vgpu_pool_op *op, int dev, CUmemoryP
         return vgpu_charge(dev, bytes);
     }
     settle_to(s, reserved); /* trimmed since the last allocation: the charge follows */
-    op->reserved = reserved;
-    op->shortfall = reserved - used >= bytes ? 0 : bytes - (reserved - used);
+    note_spare(op, reserved, used, bytes);
     /* Insured as if none of the spare could serve it: a spare in pieces smaller than the
      * allocation, or freed on another stream and not yet reusable, lets the driver grow the pool
      * where the spare looked enough. Grown past the limit and undone, that was over the limit for
@@ -243,7 +255,7 @@ VGPU_HIDDEN CUresult vgpu_pool_begin(struct vgpu_pool_op *op, int dev, CUmemoryP
      * grow is given back in vgpu_pool_end. */
     op->need = growth_for(s, bytes);
     rc = vgpu_charge_quiet(dev, op->need);
-    if (rc != CUDA_SUCCESS && reserved - used >= growth_for(s, 1) && trim_spare(s, op, pool, used, bytes))
+    if (rc != CUDA_SUCCESS && op->spare >= step_for(s) && trim_spare(s, op, pool, used, bytes))
         rc = vgpu_charge_quiet(dev, op->need); /* the pool's free steps made room */
     if (rc != CUDA_SUCCESS) {
         if (rc == CUDA_ERROR_OUT_OF_MEMORY)
@@ -251,9 +263,8 @@ VGPU_HIDDEN CUresult vgpu_pool_begin(struct vgpu_pool_op *op, int dev, CUmemoryP
         pthread_mutex_unlock(&s->grow);
         return rc;
     }
-    /* charged, and until the call returns maybe trimmed by another thread (a reading settles only
-     * the pools no allocation is growing) */
-    op->spare = op->reserved > used ? op->reserved - used : 0;
+    /* the spare is charged, and until the call returns maybe trimmed by another thread (a reading
+     * settles only the pools no allocation is growing) */
     vgpu_budget_ahead(dev, op->spare);
     return rc;
 }
