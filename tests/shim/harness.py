@@ -210,12 +210,17 @@ class Env:
             raise AssertionError(f"compiling {name} failed:\n{p.stderr}")
         return out
 
-    def run_c(self, exe: Path, env: dict[str, str] | None = None, preload: bool = True, timeout: float = 60,
-              args: list[str] | None = None, stdin: str | None = None) -> Child:
-        e = self.base_env(env)
+    def c_env(self, extra: dict[str, str] | None = None, preload: bool = True) -> dict[str, str]:
+        """base_env for a compiled program: the fake libraries found first, the shim preloaded"""
+        e = self.base_env(extra)
         e["LD_LIBRARY_PATH"] = str(self.fake_dir) + (":" + e["LD_LIBRARY_PATH"] if e.get("LD_LIBRARY_PATH") else "")
         if preload:
             e["LD_PRELOAD"] = str(self.shim)
+        return e
+
+    def run_c(self, exe: Path, env: dict[str, str] | None = None, preload: bool = True, timeout: float = 60,
+              args: list[str] | None = None, stdin: str | None = None) -> Child:
+        e = self.c_env(env, preload)
         p = subprocess.run([str(exe), *(args or [])], env=e, input=stdin, capture_output=True, text=True,
                            timeout=timeout)
         return Child(p.returncode, p.stdout, p.stderr)

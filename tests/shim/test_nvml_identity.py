@@ -102,11 +102,8 @@ def test_an_absurd_nvml_figure_is_not_charged(env: Env) -> None:
               "FAKE_CUDA_MEM_MB": "4096"}
 
     def start(extra: dict[str, str]) -> subprocess.Popen[str]:
-        e = env.base_env({**region, **extra})
-        e["LD_LIBRARY_PATH"] = str(env.fake_dir)
-        e["LD_PRELOAD"] = str(env.shim)
-        return subprocess.Popen([str(exe), "600"], env=e, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)
+        return subprocess.Popen([str(exe), "600"], env=env.c_env({**region, **extra}), stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
     a = start({"FAKE_NVML_SELF_ABSURD": "1"})
     assert a.stdout is not None
@@ -174,12 +171,9 @@ def test_nvml_queries_per_context_and_refusal_are_bounded(env: Env) -> None:
 
 
 def _region_env(env: Env, extra: dict[str, str]) -> dict[str, str]:
-    e = env.base_env({"CUDA_DEVICE_MEMORY_SHARED_CACHE": str(env.tmp / "shared.cache"),
+    return env.c_env({"CUDA_DEVICE_MEMORY_SHARED_CACHE": str(env.tmp / "shared.cache"),
                       "CUDA_DEVICE_MEMORY_LIMIT": "1000m", "FAKE_CUDA_MEM_MB": "4096", "FAKE_CUDA_CTX_MB": "100",
                       **extra})
-    e["LD_LIBRARY_PATH"] = str(env.fake_dir)
-    e["LD_PRELOAD"] = str(env.shim)
-    return e
 
 
 def test_a_context_counted_by_the_device_change_is_counted_at_least_as_the_last_one(env: Env) -> None:

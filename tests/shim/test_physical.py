@@ -204,10 +204,9 @@ def test_processes_without_nvml_process_list_stay_under_the_limit(env: Env) -> N
     """Four processes of one container, NVML unable to list processes: their contexts are counted
     by the device's delta, so together they never hold more than the limit."""
     exe = env.compile_c("holder", HOLDER, f"-L{env.fake_dir}", "-l:libcuda.so.1")
-    e = env.base_env({"CUDA_DEVICE_MEMORY_SHARED_CACHE": str(env.tmp / "shared.cache"),
-                      "CUDA_DEVICE_MEMORY_LIMIT": "1000m", "FAKE_CUDA_CTX_MB": "200", "FAKE_CUDA_MEM_MB": "4096",
-                      "FAKE_NVML_PROCS_FAIL": "1"})
-    e |= {"LD_LIBRARY_PATH": str(env.fake_dir), "LD_PRELOAD": str(env.shim)}
+    e = env.c_env({"CUDA_DEVICE_MEMORY_SHARED_CACHE": str(env.tmp / "shared.cache"),
+                   "CUDA_DEVICE_MEMORY_LIMIT": "1000m", "FAKE_CUDA_CTX_MB": "200", "FAKE_CUDA_MEM_MB": "4096",
+                   "FAKE_NVML_PROCS_FAIL": "1"})
     procs: list[subprocess.Popen[str]] = []
     real = []
     try:
@@ -231,9 +230,8 @@ def test_a_new_process_whose_context_would_not_fit_is_refused_before_the_driver_
     left in the region) is charged before its own is made, so the device never holds a context over the
     limit, not even for the moment it takes to make, measure and destroy it again."""
     exe = env.compile_c("holder", HOLDER, f"-L{env.fake_dir}", "-l:libcuda.so.1")
-    e = env.base_env({"CUDA_DEVICE_MEMORY_SHARED_CACHE": str(env.tmp / "shared.cache"),
-                      "CUDA_DEVICE_MEMORY_LIMIT": "256m", "FAKE_CUDA_CTX_MB": "100"})
-    e |= {"LD_LIBRARY_PATH": str(env.fake_dir), "LD_PRELOAD": str(env.shim)}
+    e = env.c_env({"CUDA_DEVICE_MEMORY_SHARED_CACHE": str(env.tmp / "shared.cache"),
+                   "CUDA_DEVICE_MEMORY_LIMIT": "256m", "FAKE_CUDA_CTX_MB": "100"})
 
     def start(mb: int) -> tuple[subprocess.Popen[str], dict[str, str]]:
         p = subprocess.Popen([str(exe), str(mb)], env=e, stdin=subprocess.PIPE, stdout=subprocess.PIPE,

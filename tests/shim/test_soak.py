@@ -30,12 +30,8 @@ PROGRAM = (Path(__file__).parent / "soak.c").read_text()
 
 
 def _env(env: Env, shared: str, cache: str, preload: bool) -> dict[str, str]:
-    e = env.base_env({"CUDA_DEVICE_MEMORY_LIMIT": f"{LIMIT_MB}m", "FAKE_CUDA_SHARED": shared,
-                      "CUDA_DEVICE_MEMORY_SHARED_CACHE": cache})
-    e["LD_LIBRARY_PATH"] = str(env.fake_dir) + (":" + e["LD_LIBRARY_PATH"] if e.get("LD_LIBRARY_PATH") else "")
-    if preload:
-        e["LD_PRELOAD"] = str(env.shim)
-    return e
+    return env.c_env({"CUDA_DEVICE_MEMORY_LIMIT": f"{LIMIT_MB}m", "FAKE_CUDA_SHARED": shared,
+                      "CUDA_DEVICE_MEMORY_SHARED_CACHE": cache}, preload)
 
 
 def test_threaded_soak_with_random_kills_never_exceeds_the_limit(env: Env) -> None:
