@@ -14,6 +14,7 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 #include <cuda.h>
 
@@ -26,6 +27,8 @@
 static uint64_t local_used[VGPU_MAX_DEVICES]; /* fallback when the region is unusable */
 static uint64_t mine[VGPU_MAX_DEVICES];       /* this process's charges, region or not */
 static uint64_t in_flight[VGPU_MAX_DEVICES];  /* the part of them ahead of driver calls not yet returned */
+static __thread uint64_t own_ahead[VGPU_MAX_DEVICES]; /* this thread's part of in_flight */
+static int paused[VGPU_MAX_DEVICES];          /* a reading waits for in_flight to drain: new charges wait */
 static int state;                             /* 0 not tried, 1 region, -1 local */
 static int devices_known;
 static pthread_once_t attach_once = PTHREAD_ONCE_INIT;
@@ -174,16 +177,53 @@ VGPU_HIDDEN uint64_t vgpu_budget_mine(int dev)
     return in_range(dev) ? __atomic_load_n(&mine[dev], __ATOMIC_RELAXED) : 0;
 }
 
+/* A reading pauses the charges ahead of driver calls for a moment (PAUSE_DRAIN_NS for the ones in
+ * flight to land, PAUSE_WAIT_NS for new ones to wait) so that every charge it reads is surely held
+ * or surely not: then NVML's figure less our charges is the overhead itself, not a range. Both
+ * bounded: a driver call may be long (a free waiting for the device), and the reading is then only
+ * a range, as without the pause. */
+#define PAUSE_DRAIN_NS 2000000ull
+#define PAUSE_WAIT_NS 5000000ull
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static void nap(void)
+{
+    struct timespec ts = {0, 20000};
+
+    nanosleep(&ts, NULL);
+}
+
 VGPU_HIDDEN void vgpu_budget_ahead(int dev, uint64_t bytes)
 {
-    if (in_range(dev))
-        __atomic_fetch_add(&in_flight[dev], bytes, __ATOMIC_SEQ_CST);
+    uint64_t end;
+
+    if (!in_range(dev) || !bytes)
+        return;
+    own_ahead[dev] += bytes;
+    /* added, then the pause looked at; the reading pauses, then looks at in_flight (both seq_cst):
+     * one of the two sees the other. A thread with more in flight goes on: the reading waits for it. */
+    __atomic_fetch_add(&in_flight[dev], bytes, __ATOMIC_SEQ_CST);
+    if (own_ahead[dev] != bytes || !__atomic_load_n(&paused[dev], __ATOMIC_SEQ_CST))
+        return;
+    sub_saturating(&in_flight[dev], bytes);
+    for (end = now_ns() + PAUSE_WAIT_NS; __atomic_load_n(&paused[dev], __ATOMIC_SEQ_CST) && now_ns() < end;)
+        nap();
+    __atomic_fetch_add(&in_flight[dev], bytes, __ATOMIC_SEQ_CST);
 }
 
 VGPU_HIDDEN void vgpu_budget_landed(int dev, uint64_t bytes)
 {
-    if (in_range(dev))
-        sub_saturating(&in_flight[dev], bytes);
+    if (!in_range(dev))
+        return;
+    own_ahead[dev] -= bytes < own_ahead[dev] ? bytes : own_ahead[dev];
+    sub_saturating(&in_flight[dev], bytes);
 }
 
 VGPU_HIDDEN uint64_t vgpu_budget_in_flight(int dev)
@@ -191,10 +231,33 @@ VGPU_HIDDEN uint64_t vgpu_budget_in_flight(int dev)
     return in_range(dev) ? __atomic_load_n(&in_flight[dev], __ATOMIC_SEQ_CST) : 0;
 }
 
+VGPU_HIDDEN int vgpu_budget_pause(int dev)
+{
+    uint64_t end;
+
+    if (!in_range(dev))
+        return 0;
+    __atomic_store_n(&paused[dev], 1, __ATOMIC_SEQ_CST);
+    for (end = now_ns() + PAUSE_DRAIN_NS; __atomic_load_n(&in_flight[dev], __ATOMIC_SEQ_CST) > own_ahead[dev];) {
+        if (now_ns() >= end)
+            return 0;
+        nap();
+    }
+    return 1;
+}
+
+VGPU_HIDDEN void vgpu_budget_resume(int dev)
+{
+    if (in_range(dev))
+        __atomic_store_n(&paused[dev], 0, __ATOMIC_SEQ_CST);
+}
+
 VGPU_HIDDEN void vgpu_budget_atfork_child(void)
 {
     memset(mine, 0, sizeof mine);
     memset(in_flight, 0, sizeof in_flight);
+    memset(own_ahead, 0, sizeof own_ahead); /* the forking thread's: the child's only thread */
+    memset(paused, 0, sizeof paused);
     memset(local_used, 0, sizeof local_used);
 }
 

@@ -23,6 +23,11 @@ VGPU_HIDDEN uint64_t vgpu_budget_mine(int dev);
 VGPU_HIDDEN void vgpu_budget_ahead(int dev, uint64_t bytes);
 VGPU_HIDDEN void vgpu_budget_landed(int dev, uint64_t bytes);
 VGPU_HIDDEN uint64_t vgpu_budget_in_flight(int dev);
+/* a reading about to compare our charges with what the driver holds: new charges ahead wait (a
+ * bounded while) and the ones in flight land; 1 when none but the caller's own is in flight.
+ * Always followed by _resume, whatever it returned. */
+VGPU_HIDDEN int vgpu_budget_pause(int dev);
+VGPU_HIDDEN void vgpu_budget_resume(int dev);
 /* a forked child starts with nothing counted of its own */
 VGPU_HIDDEN void vgpu_budget_atfork_child(void);
 /* the container-wide sum, for reports and judgements: exit holds of processes gone are dropped first */

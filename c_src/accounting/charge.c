@@ -21,8 +21,19 @@ static uint64_t near_margin(uint64_t limit)
     return m < (32u << 20) ? (32u << 20) : m > (512u << 20) ? (512u << 20) : m;
 }
 
+/* 1 when `bytes` more would come within that margin of dev's limit (or past it) */
+static int near_limit(int dev, uint64_t bytes)
+{
+    uint64_t limit = vgpu_budget_limit(dev), used;
+
+    if (!limit)
+        return 0;
+    used = vgpu_budget_sum(dev);
+    return used + bytes + near_margin(limit) > limit || used + bytes < used;
+}
+
 /* One line per refusal, at most one a second per process; the ones in between are counted. */
-VGPU_HIDDEN void vgpu_charge_refused(int dev, uint64_t bytes)
+VGPU_HIDDEN void vgpu_charge_refused(int dev, uint64_t bytes, const char *what)
 {
     static uint64_t last_s;
     static unsigned suppressed;
@@ -40,9 +51,9 @@ VGPU_HIDDEN void vgpu_charge_refused(int dev, uint64_t bytes)
         __atomic_fetch_add(&suppressed, 1, __ATOMIC_RELAXED);
         return;
     }
-    VGPU_WARN("device %d: refused an allocation of %.1f MiB: the container uses %.1f of its %.1f MiB limit (this "
+    VGPU_WARN("device %d: refused %s %.1f MiB: the container uses %.1f of its %.1f MiB limit (this "
               "process %.1f MiB, host pid %u)%s",
-              dev, bytes / MiB, vgpu_budget_used(dev) / MiB, vgpu_budget_limit(dev) / MiB,
+              dev, what, bytes / MiB, vgpu_budget_used(dev) / MiB, vgpu_budget_limit(dev) / MiB,
               vgpu_budget_mine(dev) / MiB, vgpu_overhead_host_pid(),
               __atomic_exchange_n(&suppressed, 0, __ATOMIC_RELAXED) ? "; earlier refusals in the last second not shown"
                                                                    : "");
@@ -50,32 +61,30 @@ VGPU_HIDDEN void vgpu_charge_refused(int dev, uint64_t bytes)
 
 static CUresult charge(int dev, uint64_t bytes, int log)
 {
-    uint64_t limit;
     int measured = 0;
 
     if (VGPU_UNLIKELY(!vgpu_limits_valid()))
         return CUDA_ERROR_INVALID_VALUE; /* never run unlimited on a malformed limit */
     if (dev < 0)
         return CUDA_SUCCESS; /* host or unknown location: not charged */
+    /* measured with nothing of ours in flight (a reading waits for what is: accounting/budget.c) */
+    if (VGPU_UNLIKELY(near_limit(dev, bytes)))
+        measured = vgpu_overhead_refresh(dev, 0);
     vgpu_budget_ahead(dev, bytes); /* until vgpu_budget_landed: charged, maybe not yet held by the driver */
-    limit = vgpu_budget_limit(dev);
-    if (limit) {
-        uint64_t used = vgpu_budget_sum(dev);
-        if (VGPU_UNLIKELY(used + bytes + near_margin(limit) > limit || used + bytes < used))
-            measured = vgpu_overhead_refresh(dev, 0);
-    }
     if (VGPU_LIKELY(vgpu_budget_reserve(dev, bytes) == 0))
         return CUDA_SUCCESS;
+    vgpu_budget_landed(dev, bytes);
     /* before refusing: pools may have been trimmed at a synchronize, contexts destroyed (measured
      * once per refusal: NVML may take 200 ms a call) */
     vgpu_pool_settle_dev(dev);
     if (!measured)
         vgpu_overhead_refresh(dev, 1);
+    vgpu_budget_ahead(dev, bytes);
     if (vgpu_budget_reserve(dev, bytes) == 0)
         return CUDA_SUCCESS;
     vgpu_budget_landed(dev, bytes);
     if (log)
-        vgpu_charge_refused(dev, bytes);
+        vgpu_charge_refused(dev, bytes, "an allocation of");
     return CUDA_ERROR_OUT_OF_MEMORY;
 }
 

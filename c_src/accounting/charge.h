@@ -19,8 +19,9 @@
 VGPU_HIDDEN CUresult vgpu_charge(int dev, uint64_t bytes);
 /* the same without the refusal's log line (the caller says what was refused) */
 VGPU_HIDDEN CUresult vgpu_charge_quiet(int dev, uint64_t bytes);
-/* the refusal's log line (rate-limited) for an allocation of `bytes` a caller of vgpu_charge_quiet refuses */
-VGPU_HIDDEN void vgpu_charge_refused(int dev, uint64_t bytes);
+/* the refusal's log line (rate-limited) for `what` ("an allocation of") `bytes` a caller of
+ * vgpu_charge_quiet refuses */
+VGPU_HIDDEN void vgpu_charge_refused(int dev, uint64_t bytes, const char *what);
 /* the one policy for allocations made in this thread's current context: picks *dev and charges */
 VGPU_HIDDEN CUresult vgpu_charge_current(int *dev, uint64_t bytes);
 /* after the real call: rc == CUDA_SUCCESS records key -> (dev, bytes); otherwise the charge is returned.

@@ -34,6 +34,7 @@
 #define PROBE_BYTES (2u << 20)              /* the allocation granularity of current GPUs */
 #define PROBE_INTERVAL_NS 100000000ull     /* 100 ms between probes that found nothing */
 #define SLACK (64ull << 20)                 /* NVML showing this much less than we hold is not news */
+#define PAUSE_LISTING_NS 1000000ull         /* listings slower than this are made without pausing charges */
 
 struct dev_state {
     pthread_mutex_t lock;
@@ -45,7 +46,9 @@ struct dev_state {
     int no_list;           /* the last listing failed: the fallback is all there is */
     nvmlDevice_t nvml;     /* NULL until looked up */
     uint64_t ctx_cost;     /* what this process's last context creation took, measured (0: none yet) */
-    uint64_t standin;      /* charged for contexts being made, until measured (atomic): not an allocation */
+    uint64_t standin;      /* charged for contexts and streams being made, until measured (atomic): not an allocation */
+    uint64_t listing_ns;   /* how long the last process listing took */
+    uint64_t cover;        /* under lock, during a measurement: stand-ins the overhead's growth takes first */
     uint64_t room;         /* charged for the identity probe while our entry is unknown (under lock) */
     int probing;           /* a probe from the room is held: the room is in our entry (under lock) */
 };
@@ -128,12 +131,20 @@ static int device_used(nvmlDevice_t h, unsigned long long *used)
     return 0;
 }
 
+/* Growth of the overhead is forced into the budget (the driver holds it already), but first taken
+ * from the stand-ins charged for it (cover): forced beside them, the two together would put the
+ * region's sum over the limit for a moment. */
 static void set_charge(int dev, uint64_t overhead)
 {
     struct dev_state *s = &devs[dev];
+    uint64_t grow = overhead > s->charged ? overhead - s->charged : 0, taken = grow < s->cover ? grow : s->cover;
 
-    if (overhead > s->charged)
-        vgpu_budget_force(dev, overhead - s->charged);
+    if (taken) { /* a stand-in's bytes become the overhead's: charges() sees no change */
+        s->cover -= taken;
+        __atomic_fetch_sub(&s->standin, taken, __ATOMIC_SEQ_CST);
+    }
+    if (grow)
+        vgpu_budget_force(dev, grow - taken);
     else if (overhead < s->charged)
         vgpu_budget_release(dev, s->charged - overhead);
     if (!s->measured || (overhead > s->charged ? overhead - s->charged : s->charged - overhead) >= (64u << 20))
@@ -210,45 +221,76 @@ static uint64_t charges(int dev, uint64_t *ahead)
     return v > standin ? v - standin : 0;
 }
 
-static void list_into(int dev, nvmlDevice_t h, struct listing *l)
+/* NVML is fast enough to pause our charges around its listings (accounting/budget.c): a slow one
+ * would hold every allocating thread up */
+static int may_pause(int dev)
 {
-    uint64_t ahead;
+    return devs[dev].listing_ns < PAUSE_LISTING_NS;
+}
 
+/* With our charges paused around the listing (pause; else the caller paused them), none in flight,
+ * the two samples agree and are all held, and the reading is exact. */
+static void list_into(int dev, nvmlDevice_t h, struct listing *l, int pause)
+{
+    uint64_t ahead, t0, trimmed;
+
+    if (pause)
+        vgpu_budget_pause(dev);
     l->before = charges(dev, &ahead);
     l->low = l->before > ahead ? l->before - ahead : 0;
+    t0 = now_ns();
     l->n = list_procs(h, l->procs);
+    devs[dev].listing_ns = now_ns() - t0;
     l->after = charges(dev, &ahead);
+    if (pause)
+        vgpu_budget_resume(dev);
     ahead = l->after > ahead ? l->after - ahead : 0;
     if (ahead < l->low)
         l->low = ahead;
+    /* a pool trimmed meanwhile (a synchronize, cuMemPoolTrimTo from another thread) was charged for
+     * memory the listing may not have counted: not surely held */
+    trimmed = vgpu_pool_settle_dev(dev);
+    l->low = l->low > trimmed ? l->low - trimmed : 0;
 }
 
 /* A device's lock held, the probe charged: the pid of the one entry that grew by a probe allocation
- * while it was held, 0 if not exactly one. The probe is made with the real cuMemCreate, which needs
- * no current context. The listing made while it is held serves the measurement that follows (the
- * probe is in both our charges and our entry): identifying costs one listing more. */
+ * while it was held and fell back by it once it was released, 0 if not exactly one. Our own charges
+ * are paused throughout (a free of ours must not hide the probe's growth while a neighbour's
+ * allocation shows one: our entry taken for a neighbour's undercounted us by 98 MiB on an H200).
+ * The probe is made with the real cuMemCreate, which needs no current context. The listing made
+ * while it is held serves the measurement that follows (the probe is in both our charges and our
+ * entry): identifying costs two listings more. */
 static unsigned probe_once(int dev, nvmlDevice_t h, CUdevice d, struct listing *l)
 {
-    nvmlProcessInfo_t before[MAX_PROCS];
+    nvmlProcessInfo_t other[MAX_PROCS]; /* before the probe, then after it */
     const nvmlProcessInfo_t *during = l->procs;
     CUmemGenericAllocationHandle mem;
     CUmemAllocationProp prop;
-    unsigned found = 0;
-    int nb, nd = -1, i, hits = 0;
+    unsigned grew[4], found = 0;
+    int pause = may_pause(dev), nb, na = -1, nd = -1, i, j, ngrew = 0, hits = 0;
 
     memset(&prop, 0, sizeof prop);
     prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
     prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     prop.location.id = d;
-    nb = list_procs(h, before);
+    if (pause)
+        vgpu_budget_pause(dev);
+    nb = list_procs(h, other);
     if (nb >= 0 && REAL(cuMemCreate)(&mem, PROBE_BYTES, &prop, 0) == CUDA_SUCCESS) {
-        list_into(dev, h, l);
+        list_into(dev, h, l, 0);
         nd = l->n;
+        for (i = 0; i < nd; i++)
+            if (known(dev, &during[i]) && during[i].usedGpuMemory >= used_of(other, nb, during[i].pid) + PROBE_BYTES)
+                grew[ngrew++ & 3] = during[i].pid;
         REAL(cuMemRelease)(mem);
+        if (ngrew && ngrew <= 4) /* more: too busy a device to tell */
+            na = list_procs(h, other);
     }
-    for (i = 0; i < nd; i++)
-        if (known(dev, &during[i]) && during[i].usedGpuMemory >= used_of(before, nb, during[i].pid) + PROBE_BYTES) {
-            found = during[i].pid;
+    if (pause)
+        vgpu_budget_resume(dev);
+    for (j = 0; j < ngrew && na >= 0; j++) /* na < 0 unless 1..4 grew */
+        if (used_of(during, nd, grew[j]) >= used_of(other, na, grew[j]) + PROBE_BYTES) {
+            found = grew[j];
             hits++;
         }
     return hits == 1 ? found : 0;
@@ -315,8 +357,19 @@ static void drop_room(int dev)
         vgpu_budget_release(dev, room);
 }
 
-/* lock held; 1 when the figure is this process's own (NVML per process), 0 for the fallback */
-static int measure(int dev, int force_probe)
+/* lock held: our own figure is not to be had; what a driver call may just have added stays charged
+ * at its stand-in, as a context at its delta */
+static int use_fallback(int dev, uint64_t extra)
+{
+    devs[dev].fallback += extra;
+    set_charge(dev, devs[dev].fallback);
+    return 0;
+}
+
+/* lock held; 1 when the figure is this process's own (NVML per process), 0 for the fallback.
+ * extra: what a driver call just made may have added (a stream's piece), held unless the reading
+ * rules it out */
+static int measure(int dev, int force_probe, uint64_t extra)
 {
     struct listing l;
     const nvmlProcessInfo_t *procs = l.procs;
@@ -335,7 +388,7 @@ static int measure(int dev, int force_probe)
         listed = identify(dev, h, force_probe, &l);
 again:
     if (!listed)
-        list_into(dev, h, &l);
+        list_into(dev, h, &l, may_pause(dev));
     listed = 0;
     n = l.n;
     before = l.before;
@@ -344,21 +397,17 @@ again:
     if (n < 0) {
         drop_room(dev);
         no_list_warning(dev);
-        set_charge(dev, devs[dev].fallback);
-        return 0;
+        return use_fallback(dev, extra);
     }
     pid = __atomic_load_n(&host_pid, __ATOMIC_RELAXED);
-    if (!pid) {
-        set_charge(dev, devs[dev].fallback);
-        return 0;
-    }
+    if (!pid)
+        return use_fallback(dev, extra);
     for (i = 0; i < n && procs[i].pid != pid; i++)
         ;
     seen = i < n;
     if (seen && !known(dev, &procs[i])) {
         drop_room(dev);
-        set_charge(dev, devs[dev].fallback); /* MIG or a vGPU host hides per-process figures */
-        return 0;
+        return use_fallback(dev, extra); /* MIG or a vGPU host hides per-process figures */
     }
     ours = seen ? procs[i].usedGpuMemory : 0;
     held = before < after ? before : after;
@@ -390,14 +439,28 @@ again:
      * only bounds it: at least ours less the larger sample (every charge held: no phantom overhead
      * from a race), at most ours less the charges surely held. Charged below the bound, it rises to
      * it; above the other, it falls to it; in between it stays: a reading while 32 MiB pool steps
-     * are being charged ahead must not lower it by them, to be found short when they land. */
+     * are being charged ahead must not lower it by them, to be found short when they land. The
+     * pause around the listing makes the two bounds one, unless a driver call outlasted it. */
     overhead = before > after ? before : after;
     overhead = ours > overhead ? ours - overhead : 0;
     most = ours > l.low ? ours - l.low : 0;
-    if (devs[dev].charged > overhead)
-        overhead = devs[dev].charged < most ? devs[dev].charged : most;
+    if (devs[dev].charged + extra > overhead)
+        overhead = devs[dev].charged + extra < most ? devs[dev].charged + extra : most;
     set_charge(dev, overhead);
     return 1;
+}
+
+/* lock held: measure with stand-ins (*standin) the growth takes first; what it did not take is left
+ * in *standin for the caller to give back */
+static int measure_covering(int dev, int force_probe, uint64_t extra, uint64_t *standin)
+{
+    int own;
+
+    devs[dev].cover = *standin;
+    own = measure(dev, force_probe, extra);
+    *standin = devs[dev].cover;
+    devs[dev].cover = 0;
+    return own;
 }
 
 VGPU_HIDDEN int vgpu_overhead_refresh(int dev, int force)
@@ -413,7 +476,7 @@ VGPU_HIDDEN int vgpu_overhead_refresh(int dev, int force)
         pthread_mutex_lock(&s->lock);
     else if (pthread_mutex_trylock(&s->lock) != 0)
         return 0; /* another thread is measuring right now */
-    measure(dev, 0);
+    measure(dev, 0, 0);
     pthread_mutex_unlock(&s->lock);
     return 1;
 }
@@ -470,7 +533,6 @@ VGPU_HIDDEN CUresult vgpu_overhead_before_ctx(int dev, struct vgpu_ctx_probe *p)
                   dev, est / MiB, vgpu_budget_used(dev) / MiB, vgpu_budget_limit(dev) / MiB);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    vgpu_budget_landed(dev, est + room);
     if (room) {
         pthread_mutex_lock(&devs[dev].lock);
         if (__atomic_load_n(&devs[dev].room, __ATOMIC_RELAXED) || __atomic_load_n(&host_pid, __ATOMIC_RELAXED))
@@ -483,6 +545,8 @@ VGPU_HIDDEN CUresult vgpu_overhead_before_ctx(int dev, struct vgpu_ctx_probe *p)
         __atomic_fetch_add(&devs[dev].standin, est, __ATOMIC_SEQ_CST);
         p->precharge = est;
     }
+    /* landed once known for what they are: a reading in between would take them for allocations held */
+    vgpu_budget_landed(dev, est + room);
     if (!h)
         return CUDA_SUCCESS;
     /* the device-wide delta stands in only while our entry is unknown: two NVML calls saved */
@@ -517,7 +581,7 @@ VGPU_HIDDEN CUresult vgpu_overhead_after_ctx(CUresult rc, struct vgpu_ctx_probe 
         s->fallback += p->added;
     }
     prev = s->charged;
-    own = measure(p->dev, 1);
+    own = measure_covering(p->dev, 1, 0, &p->precharge);
     prev = s->charged > prev ? s->charged - prev : 0; /* what the new context added */
     judge = own || s->no_list;
     if (own && prev) { /* what the next context will be charged ahead */
@@ -526,7 +590,7 @@ VGPU_HIDDEN CUresult vgpu_overhead_after_ctx(CUresult rc, struct vgpu_ctx_probe 
         __atomic_store_n(&s->ctx_cost, prev, __ATOMIC_RELAXED);
     }
     pthread_mutex_unlock(&s->lock);
-    drop_precharge(p); /* the context itself is charged now */
+    drop_precharge(p); /* the context itself is charged now: what the stand-in did not cover goes */
     /* a context the container has no room for is refused, as a full GPU refuses it: on our own
      * figure, or on the device-wide delta when NVML cannot list processes at all (it may hold a
      * neighbour's memory, but nothing better will ever come); not while our entry is merely not
@@ -550,6 +614,43 @@ VGPU_HIDDEN void vgpu_overhead_undo_ctx(struct vgpu_ctx_probe *p)
     s->fallback -= p->added < s->fallback ? p->added : s->fallback;
     pthread_mutex_unlock(&s->lock);
     vgpu_overhead_refresh(p->dev, 1);
+}
+
+/* The driver keeps its streams' state in pieces of device memory (on an H200 a 2 MiB piece for
+ * every four streams, kept when streams are destroyed), outside any allocation. */
+#define PIECE_BYTES (2u << 20)
+
+VGPU_HIDDEN CUresult vgpu_overhead_before_growth(int dev, struct vgpu_growth *g)
+{
+    g->dev = dev;
+    g->standin = 0;
+    if (dev < 0 || dev >= VGPU_MAX_DEVICES || !vgpu_budget_limit(dev))
+        return CUDA_SUCCESS;
+    if (vgpu_charge_quiet(dev, PIECE_BYTES) != CUDA_SUCCESS) {
+        vgpu_charge_refused(dev, PIECE_BYTES, "a new stream, for which the driver may take");
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    __atomic_fetch_add(&devs[dev].standin, PIECE_BYTES, __ATOMIC_SEQ_CST);
+    vgpu_budget_landed(dev, PIECE_BYTES); /* once known for a stand-in */
+    g->standin = PIECE_BYTES;
+    return CUDA_SUCCESS;
+}
+
+VGPU_HIDDEN void vgpu_overhead_after_growth(CUresult rc, struct vgpu_growth *g)
+{
+    struct dev_state *s;
+
+    if (g->dev < 0 || g->dev >= VGPU_MAX_DEVICES || !g->standin)
+        return;
+    s = &devs[g->dev];
+    if (rc == CUDA_SUCCESS) { /* what the call took is overhead now, and held at the stand-in until ruled out */
+        pthread_mutex_lock(&s->lock);
+        measure_covering(g->dev, 0, g->standin, &g->standin);
+        pthread_mutex_unlock(&s->lock);
+    }
+    /* given back before it stops being a stand-in: a reading in between would take it for held */
+    vgpu_budget_release(g->dev, g->standin);
+    __atomic_fetch_sub(&s->standin, g->standin, __ATOMIC_SEQ_CST);
 }
 
 VGPU_HIDDEN unsigned vgpu_overhead_host_pid(void)

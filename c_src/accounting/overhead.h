@@ -29,6 +29,18 @@ struct vgpu_ctx_probe {
 VGPU_HIDDEN CUresult vgpu_overhead_before_ctx(int dev, struct vgpu_ctx_probe *p);
 VGPU_HIDDEN CUresult vgpu_overhead_after_ctx(CUresult rc, struct vgpu_ctx_probe *p);
 VGPU_HIDDEN void vgpu_overhead_undo_ctx(struct vgpu_ctx_probe *p);
+/* around a driver call that may take device memory of its own, outside any allocation (a stream:
+ * overhead.c says how much), on a device with a limit: a stand-in for it is charged first, and the
+ * call refused with CUDA_ERROR_OUT_OF_MEMORY when the container has no room, as a full GPU would;
+ * after the call what it took is measured (the stand-in held unless the reading rules it out) and
+ * the stand-in dropped. Measured at every such call, not only near the limit: the readings there
+ * are rate-limited, and other processes may fill the container meanwhile. */
+struct vgpu_growth {
+    int dev;
+    uint64_t standin; /* charged before the call; 0 when none */
+};
+VGPU_HIDDEN CUresult vgpu_overhead_before_growth(int dev, struct vgpu_growth *g);
+VGPU_HIDDEN void vgpu_overhead_after_growth(CUresult rc, struct vgpu_growth *g);
 /* measure again (rate-limited unless force) and settle the charge; no-op without a limit on dev;
  * 1 when it measured */
 VGPU_HIDDEN int vgpu_overhead_refresh(int dev, int force);

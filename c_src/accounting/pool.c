@@ -171,14 +171,17 @@ static uint64_t growth_for(const struct slot *s, uint64_t bytes)
     return r < bytes ? bytes : r; /* saturated: the limit refuses it anyway */
 }
 
-/* grow held: charge dev exactly the reserve the driver reports */
-static void settle_to(struct slot *s, uint64_t reserved)
+/* grow held: charge dev exactly the reserve the driver reports; what was given back (0 when it grew) */
+static uint64_t settle_to(struct slot *s, uint64_t reserved)
 {
+    uint64_t back = s->charged > reserved ? s->charged - reserved : 0;
+
     if (reserved > s->charged)
         vgpu_budget_force(s->dev, reserved - s->charged); /* grown behind our back (an imported pool) */
     else
-        vgpu_budget_release(s->dev, s->charged - reserved);
+        vgpu_budget_release(s->dev, back);
     s->charged = reserved;
+    return back;
 }
 
 /* grow held, the slot emptied: give it back */
@@ -226,7 +229,7 @@ VGPU_HIDDEN CUresult vgpu_pool_begin(struct vgpu_pool_op *op, int dev, CUmemoryP
 
     op->dev = dev;
     op->slot = -1;
-    op->need = op->spare = 0;
+    op->need = op->spare = op->ahead = 0;
     op->pool = pool;
     if (dev < 0)
         return CUDA_SUCCESS; /* host pool or unknown device: not charged */
@@ -248,6 +251,10 @@ VGPU_HIDDEN CUresult vgpu_pool_begin(struct vgpu_pool_op *op, int dev, CUmemoryP
     }
     settle_to(s, reserved); /* trimmed since the last allocation: the charge follows */
     note_spare(op, reserved, used, bytes);
+    /* the spare is charged, and until the call returns maybe trimmed by a synchronize in another
+     * thread (a reading settles only the pools no allocation is growing): in flight */
+    op->ahead = op->spare;
+    vgpu_budget_ahead(dev, op->ahead);
     /* Insured as if none of the spare could serve it: a spare in pieces smaller than the
      * allocation, or freed on another stream and not yet reusable, lets the driver grow the pool
      * where the spare looked enough. Grown past the limit and undone, that was over the limit for
@@ -259,13 +266,11 @@ VGPU_HIDDEN CUresult vgpu_pool_begin(struct vgpu_pool_op *op, int dev, CUmemoryP
         rc = vgpu_charge_quiet(dev, op->need); /* the pool's free steps made room */
     if (rc != CUDA_SUCCESS) {
         if (rc == CUDA_ERROR_OUT_OF_MEMORY)
-            vgpu_charge_refused(dev, bytes);
+            vgpu_charge_refused(dev, bytes, "an allocation of");
+        vgpu_budget_landed(dev, op->ahead);
         pthread_mutex_unlock(&s->grow);
         return rc;
     }
-    /* the spare is charged, and until the call returns maybe trimmed by another thread (a reading
-     * settles only the pools no allocation is growing) */
-    vgpu_budget_ahead(dev, op->spare);
     return rc;
 }
 
@@ -318,7 +323,7 @@ VGPU_HIDDEN CUresult vgpu_pool_end(struct vgpu_pool_op *op, CUresult rc, CUdevic
         s->out += bytes;
         __atomic_fetch_add(&pooled_live, 1, __ATOMIC_RELAXED);
     }
-    vgpu_budget_landed(s->dev, op->need + op->spare); /* the charge follows the reserve the driver reported */
+    vgpu_budget_landed(s->dev, op->need + op->ahead); /* the charge follows the reserve the driver reported */
     pthread_mutex_unlock(&s->grow);
     return rc;
 }
@@ -359,21 +364,27 @@ VGPU_HIDDEN void vgpu_pool_untrack_done(CUresult rc, CUdeviceptr p, struct vgpu_
     pthread_mutex_unlock(&s->grow);
 }
 
-VGPU_HIDDEN void vgpu_pool_settle_dev(int dev)
+VGPU_HIDDEN uint64_t vgpu_pool_settle_dev(int dev)
 {
-    uint64_t reserved;
+    uint64_t reserved, charged, back = 0;
     int i;
 
     pthread_mutex_lock(&lock);
     for (i = 0; i < nslots; i++) {
         struct slot *s = at(i);
-        if (!s->pool || s->dead || s->dev != dev || pthread_mutex_trylock(&s->grow) != 0)
-            continue; /* an allocation in flight settles its pool itself */
-        if (attr(s->pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &reserved) == 0)
-            settle_to(s, reserved);
-        pthread_mutex_unlock(&s->grow);
+        if (!s->pool || s->dead || s->dev != dev)
+            continue;
+        if (pthread_mutex_trylock(&s->grow) == 0) {
+            if (attr(s->pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &reserved) == 0)
+                back += settle_to(s, reserved);
+            pthread_mutex_unlock(&s->grow);
+        } else if (attr(s->pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &reserved) == 0 &&
+                   (charged = __atomic_load_n(&s->charged, __ATOMIC_RELAXED)) > reserved) {
+            back += charged - reserved; /* an allocation in flight settles it itself, later */
+        }
     }
     pthread_mutex_unlock(&lock);
+    return back;
 }
 
 VGPU_HIDDEN void vgpu_pool_forget(CUmemoryPool pool)

@@ -37,7 +37,8 @@ struct vgpu_pool_op {
     int slot;      /* -1: charged per allocation (no reserve attribute), or nothing to charge */
     uint64_t need; /* charged before the call */
     uint64_t shortfall, reserved; /* what the spare reserve lacked, and the reserve, at the start */
-    uint64_t spare;               /* the reserve's unused part at the start: in flight during the call */
+    uint64_t spare;               /* the reserve's unused part (at the start, and after a trim of ours) */
+    uint64_t ahead;               /* the spare at the start: in flight until the call returned */
     CUmemoryPool pool;
 };
 
@@ -59,8 +60,8 @@ struct vgpu_pooled {
 VGPU_HIDDEN struct vgpu_pooled vgpu_pool_untrack(CUdeviceptr p);
 VGPU_HIDDEN void vgpu_pool_untrack_done(CUresult rc, CUdeviceptr p, struct vgpu_pooled t);
 /* settle every pool of dev that no allocation is growing (before refusing: a synchronize may
- * have trimmed them) */
-VGPU_HIDDEN void vgpu_pool_settle_dev(int dev);
+ * have trimmed them); what was given back, and what the others are charged beyond their reserve */
+VGPU_HIDDEN uint64_t vgpu_pool_settle_dev(int dev);
 /* the pool is destroyed: its spare reserve is given back, what is still allocated stays charged */
 VGPU_HIDDEN void vgpu_pool_forget(CUmemoryPool pool);
 VGPU_HIDDEN void vgpu_pool_atfork_child(void);

@@ -58,6 +58,9 @@ VGPU_HIDDEN vgpu_region_t *vgpu_region_get(void);
 VGPU_HIDDEN vgpu_proc_slot_t *vgpu_region_self(void);
 /* free our slot and unmap (also run at exit) */
 VGPU_HIDDEN void vgpu_region_detach(void);
+/* 1 once vgpu_region_detach ran with a region attached: the process is exiting, and what its threads
+ * still ask for is refused (no slot counts it any more; a per-process budget would let it past) */
+VGPU_HIDDEN int vgpu_region_left(void);
 
 /* Cross-process lock. 0 = held; 1 = timed out (a live holder is stuck): the caller proceeds
  * unlocked, best effort, and must still call unlock. */

@@ -41,6 +41,7 @@ static int region_fd = -1; /* the lock's and our liveness byte's descriptor (nev
 static int attach_tried;
 static int owner_pid;   /* the pid self_slot belongs to */
 static int forked;      /* set in a fork child: the slot is the parent's, the descriptor closed */
+static int left;        /* our destructor ran: the process is exiting, its slot an exit hold */
 static char region_path[4096];
 static uint64_t file_dev, file_ino;
 
@@ -70,6 +71,7 @@ static mode_t file_mode(void)
 static void atfork_child(void)
 {
     forked = 1;
+    left = 0;
     vgpu_region_lock_atfork_child(); /* closes our copy of the parent's descriptor, now */
     region_fd = -1;
     vgpu_region_shadow_reset(); /* the parent's allocations are not the child's */
@@ -499,6 +501,7 @@ VGPU_HIDDEN void vgpu_region_detach(void)
     vgpu_proc_slot_t *s = forked ? 0 : vgpu_region_self(); /* found again if a peer moved it */
 
     pthread_mutex_lock(&attach_mu);
+    __atomic_store_n(&left, region != 0, __ATOMIC_RELEASE);
     /* a child that never used the region owns no slot */
     self_slot = 0;
     if (s && region && owner_pid == (int)getpid() && vgpu_region_slot_is_self(region, s)) {
@@ -508,6 +511,11 @@ VGPU_HIDDEN void vgpu_region_detach(void)
     }
     /* the mapping stays: other threads may still read it while the process exits */
     pthread_mutex_unlock(&attach_mu);
+}
+
+VGPU_HIDDEN int vgpu_region_left(void)
+{
+    return __atomic_load_n(&left, __ATOMIC_ACQUIRE);
 }
 
 __attribute__((destructor)) static void region_at_exit(void)

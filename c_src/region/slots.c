@@ -677,6 +677,8 @@ VGPU_HIDDEN int vgpu_region_reserve_kind(int dev, uint64_t bytes, int kind)
     uint64_t limit, sum;
     int ok;
 
+    if (r && !self && vgpu_region_left()) /* exiting: no slot counts it, none may be had under a limit */
+        return vgpu_region_limit(dev) ? -1 : 0;
     if (!self || !r)
         return -2;
     limit = vgpu_region_limit(dev);

@@ -18,6 +18,11 @@
  *   FAKE_CUDA_ALLOC_DELAY_MS=N cuMemAlloc and pool allocations take N ms before they take the memory
  *                             (a call still running)
  *   FAKE_CUDA_FREE_DELAY_MS=N cuMemFree gives the memory back, then takes N ms before it returns
+ *   FAKE_CUDA_STREAM_MB=M     the driver's state for streams: the 2nd, 6th, 10th, ... stream made in a process
+ *                             takes M MiB of device memory more, kept until the process exits (an H200
+ *                             takes 2 MiB for every four streams, kept when they are destroyed)
+ *   FAKE_CUDA_EXIT_DELAY_MS=N the process takes N ms more to exit, after the shim's destructor has run
+ *                             (the driver's own teardown), its other threads still running
  *   FAKE_CUDA_LEGACY=1        the CUDA 12.8+/13 queries (cuStreamGetDevice, cuCtxGetDevice_v2, pool
  *                             location attributes) fail, like an older driver
  *   FAKE_CUDA_PROC_ALIASES=1  cuGetProcAddress hands out internal addresses for some entries
@@ -27,7 +32,8 @@
  *                             fake_used_all(dev) sums the rows (a container's physical use)
  * Test hooks: fake_calls, fake_reset_calls, fake_used, fake_used_high (this process's highest use, never
  * reset: what a moment of over-use leaves), fake_used_physical, fake_used_all, fake_ctx_bytes,
- * fake_has_ctx, fake_last_args. */
+ * fake_has_ctx, fake_last_args, fake_grow (the driver takes memory for the process outside any call the
+ * shim sees: a module loaded lazily, local memory grown at a launch). */
 #define _GNU_SOURCE /* F_OFD_* */
 #include <fcntl.h>
 #include <limits.h>
@@ -94,7 +100,7 @@ CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice dev);
 #define COUNTED(X) \
     X(cuInit) X(cuDeviceGetCount) X(cuDeviceGet) X(cuDriverGetVersion) X(cuDevicePrimaryCtxRetain) \
     X(cuDevicePrimaryCtxRelease_v2) X(cuCtxSetCurrent) X(cuCtxGetCurrent) X(cuCtxGetDevice) X(cuCtxGetDevice_v2) \
-    X(cuCtxPushCurrent_v2) X(cuCtxPopCurrent_v2) X(cuStreamCreate) X(cuStreamDestroy_v2) X(cuStreamGetCtx) \
+    X(cuCtxPushCurrent_v2) X(cuCtxPopCurrent_v2) X(cuStreamCreate) X(cuStreamCreateWithPriority) X(cuStreamDestroy_v2) X(cuStreamGetCtx) \
     X(cuStreamGetDevice) X(cuMemAlloc_v2) X(cuMemFree_v2) X(cuMemAllocPitch_v2) X(cuMemAllocManaged) \
     X(cuMemAllocAsync) X(cuMemAllocAsync_ptsz) X(cuMemAllocFromPoolAsync) X(cuMemAllocFromPoolAsync_ptsz) \
     X(cuMemFreeAsync) X(cuMemFreeAsync_ptsz) X(cuMemCreate) X(cuMemRelease) X(cuMemPoolCreate) \
@@ -149,6 +155,7 @@ static uint64_t pool_granule;     /* FAKE_CUDA_POOL_GRANULE_MB */
 static int spare_unusable;        /* FAKE_CUDA_POOL_SPARE_UNUSABLE */
 static unsigned alloc_delay_ms;   /* FAKE_CUDA_ALLOC_DELAY_MS */
 static unsigned free_delay_ms;    /* FAKE_CUDA_FREE_DELAY_MS */
+static uint64_t stream_piece;     /* FAKE_CUDA_STREAM_MB */
 static int legacy;
 static int initialized;
 
@@ -329,11 +336,22 @@ __attribute__((constructor)) static void fake_config(void)
     s = getenv("FAKE_CUDA_FREE_DELAY_MS");
     if (s)
         free_delay_ms = (unsigned)strtoul(s, NULL, 10);
+    s = getenv("FAKE_CUDA_STREAM_MB");
+    if (s)
+        stream_piece = strtoull(s, NULL, 10) << 20;
     s = getenv("FAKE_CUDA_LEGACY");
     legacy = s && s[0] == '1';
     default_pools_init();
     shared_open();
     pthread_atfork(mu_lock, mu_unlock, fork_child);
+}
+
+/* finalised after the preloaded shim: its destructor has run by now */
+__attribute__((destructor)) static void fake_exit_delay(void)
+{
+    const char *s = getenv("FAKE_CUDA_EXIT_DELAY_MS");
+    if (s && atoi(s) > 0)
+        usleep((useconds_t)atoi(s) * 1000u);
 }
 
 EXPORT unsigned long long fake_used(int dev)
@@ -813,20 +831,42 @@ EXPORT CUresult cuDeviceGetUuid_v2(CUuuid *u, CUdevice dev)
     return get_uuid(u, dev);
 }
 
-EXPORT CUresult cuStreamCreate(CUstream *ps, unsigned int flags)
+static CUresult stream_create(CUstream *ps)
 {
+    static unsigned long made[MAXDEV];
     struct CUstream_st *s;
-    (void)flags;
-    COUNT(cuStreamCreate);
     if (!ps)
         return CUDA_ERROR_INVALID_VALUE;
     if (!current())
         return CUDA_ERROR_INVALID_CONTEXT;
+    if (stream_piece && __atomic_fetch_add(&made[current()->dev], 1, __ATOMIC_RELAXED) % 4 == 1 &&
+        charge(current()->dev, stream_piece) != 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
     s = malloc(sizeof *s);
     s->magic = MAGIC_STREAM;
     s->ctx = current();
     *ps = s;
     return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuStreamCreate(CUstream *ps, unsigned int flags)
+{
+    (void)flags;
+    COUNT(cuStreamCreate);
+    return stream_create(ps);
+}
+
+EXPORT CUresult cuStreamCreateWithPriority(CUstream *ps, unsigned int flags, int priority)
+{
+    (void)flags;
+    (void)priority;
+    COUNT(cuStreamCreateWithPriority);
+    return stream_create(ps);
+}
+
+EXPORT int fake_grow(int dev, unsigned long long bytes)
+{
+    return charge(dev, bytes);
 }
 
 EXPORT CUresult cuStreamDestroy_v2(CUstream s)
@@ -1887,6 +1927,8 @@ static const struct proc procs[] = {
     {"cuMemPoolGetAttribute", 11020, (void *)cuMemPoolGetAttribute, NULL},
     {"cuMemPoolSetAttribute", 11020, (void *)cuMemPoolSetAttribute, NULL},
     {"cuStreamSynchronize", 2000, (void *)cuStreamSynchronize, (void *)cuStreamSynchronize_ptsz},
+    {"cuStreamCreate", 2000, (void *)cuStreamCreate, NULL},
+    {"cuStreamCreateWithPriority", 5050, (void *)cuStreamCreateWithPriority, NULL},
     {"cuCtxSynchronize", 2000, (void *)cuCtxSynchronize, NULL},
     {"cuEventSynchronize", 2000, (void *)cuEventSynchronize, NULL},
     {"cuMemCreate", 10020, (void *)cuMemCreate, NULL},

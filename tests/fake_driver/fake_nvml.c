@@ -21,6 +21,8 @@
  *                                  (a neighbour that frees its memory during our context creation)
  *   FAKE_NVML_SELF_LATE_MS=N       this process is listed only N ms after it is first seen with a
  *                                  context (NVML listing a new process late)
+ *   FAKE_NVML_OTHERS_GROW=1        each process listing shows the others 2 MiB more than the one before
+ *                                  (busy neighbours, allocating all the time)
  * Fault injection:
  *   FAKE_NVML_PROCS_FAIL=1         the process-list calls fail (NVML_ERROR_UNKNOWN), as on hosts
  *                                  where NVML cannot see other pid namespaces' processes
@@ -64,6 +66,8 @@ static int others_with_us;
 static int others_leave;
 static int self_absurd;
 static unsigned self_late_ms;
+static int others_grow;
+static unsigned long long grown; /* what the others gained, FAKE_NVML_OTHERS_GROW */
 
 static unsigned long queries;
 
@@ -121,6 +125,8 @@ __attribute__((constructor)) static void fake_config(void)
     others_with_us = s && *s == '1';
     s = getenv("FAKE_NVML_OTHERS_LEAVE");
     others_leave = s && *s == '1';
+    s = getenv("FAKE_NVML_OTHERS_GROW");
+    others_grow = s && *s == '1';
     s = getenv("FAKE_NVML_SELF_LATE_MS");
     if (s)
         self_late_ms = (unsigned)strtoul(s, NULL, 10);
@@ -332,7 +338,7 @@ static unsigned long long used_on(unsigned p)
     unsigned long long used = own_bytes(p);
     if (others_there(p))
         for (unsigned i = 0; i < nothers; i++)
-            used += others[i].bytes;
+            used += others[i].bytes + __atomic_load_n(&grown, __ATOMIC_RELAXED);
     return used > total ? total : used;
 }
 
@@ -373,6 +379,8 @@ static nvmlReturn_t processes(nvmlDevice_t d, unsigned int *count, void *infos, 
         return NVML_ERROR_UNKNOWN;
     own = self_listed(d->index);
     nvisible = others_there(d->index) ? nothers : 0;
+    if (others_grow)
+        __atomic_fetch_add(&grown, 2ull << 20, __ATOMIC_RELAXED);
     need = nvisible + (own ? 1u : 0u);
     if (*count < need) {
         *count = need;
@@ -388,7 +396,7 @@ static nvmlReturn_t processes(nvmlDevice_t d, unsigned int *count, void *infos, 
             bytes = self_absurd ? 1ull << 53 : own_bytes(d->index);
         } else {
             pid = others[i - (own ? 1u : 0u)].pid;
-            bytes = others[i - (own ? 1u : 0u)].bytes;
+            bytes = others[i - (own ? 1u : 0u)].bytes + __atomic_load_n(&grown, __ATOMIC_RELAXED);
         }
         if (size == sizeof(nvmlProcessInfo_v1_t)) {
             nvmlProcessInfo_v1_t *r = (nvmlProcessInfo_v1_t *)infos + i;

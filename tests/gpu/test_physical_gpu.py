@@ -275,6 +275,50 @@ def test_two_processes_share_one_limit(gpu: Gpu, cudart_prog: Path, truth: Truth
                 p.wait(timeout=30)
 
 
+STREAMS = r"""
+#include <cuda.h>
+#include <stdio.h>
+
+int main(void)
+{
+    CUdevice d;
+    CUcontext c;
+    CUdeviceptr p;
+    CUstream s;
+    size_t got = 0, chunk;
+    int made = 0, refused = 0, i;
+    char line[16];
+
+    if (cuInit(0) || cuDeviceGet(&d, 0) || cuDevicePrimaryCtxRetain(&c, d) || cuCtxSetCurrent(c))
+        return 2;
+    for (i = 0; i < 64; i++) /* 2 MiB of driver memory for every four on an H200 */
+        made += cuStreamCreate(&s, 0) == CUDA_SUCCESS;
+    for (chunk = (size_t)64 << 20; chunk >= ((size_t)2 << 20); chunk /= 2)
+        while (cuMemAlloc(&p, chunk) == CUDA_SUCCESS)
+            got += chunk;
+    for (i = 0; i < 8; i++) /* in a full container: a stream that may need a piece is refused */
+        refused += cuStreamCreate(&s, 0) == CUDA_ERROR_OUT_OF_MEMORY;
+    printf("READY {\"streams\": %d, \"allocated\": %zu, \"refused_when_full\": %d}\n", made, got, refused);
+    fflush(stdout);
+    return fgets(line, sizeof line, stdin) ? 0 : 0;
+}
+"""
+
+
+def test_streams_driver_memory_holds_the_limit(gpu: Gpu, truth: Truth) -> None:
+    """64 streams take 32 MiB of driver memory outside any allocation (H200, driver 580); the container's limit
+    holds it: each stream is charged a stand-in first and what it took measured after."""
+    from vgpu_patch.shim_build.build import header_dir
+
+    src, exe = gpu.tmp / "streams.c", gpu.tmp / "streams"
+    src.write_text(STREAMS)
+    subprocess.run(["gcc", "-O1", f"-I{header_dir()}", str(src), "-o", str(exe), "-l:libcuda.so.1"], check=True)
+    r = hold(gpu, [str(exe)], gpu.env("4g"), truth)
+    record("64 streams, then cuMemAlloc", r)
+    assert r["streams"] == 64 and r["refused_when_full"] > 0, r
+    assert r["real"] <= LIMIT, r
+
+
 def test_reports_agree(gpu: Gpu) -> None:
     """cuMemGetInfo, cuDeviceTotalMem, NVML and nvidia-smi inside the container tell one story."""
     r = gpu.probe_run("limit", "4g")

@@ -42,6 +42,17 @@ def test_exit_hold_counts_until_the_process_is_gone(region_tool: Path, region_en
     assert _reserve_sixty(region_tool, env) == ["attach ok", "reserve ok"]  # gone: the hold is dropped
 
 
+def test_after_our_destructor_a_limit_refuses_what_other_threads_still_ask(region_tool: Path,
+                                                                          region_env: dict) -> None:
+    """Threads run on while a process exits. Once its slot is an exit hold nothing counts what they take,
+    and the per-process fallback would have let them past the container's limit: refused instead."""
+    out = lines(run_tool(region_tool, _env(region_env), "attach", f"reserve:0:{SIXTY}", "detach", f"reserve:0:{MiB}"))
+    assert out == ["attach ok", "reserve ok", "detach ok", "reserve refused"]
+    unlimited = {**region_env, "CUDA_DEVICE_MEMORY_SHARED_CACHE": region_env["CUDA_DEVICE_MEMORY_SHARED_CACHE"] + "2"}
+    out = lines(run_tool(region_tool, unlimited, "attach", "detach", f"reserve:0:{MiB}"))  # no limit to hold to
+    assert out == ["attach ok", "detach ok", "reserve ok"]
+
+
 def test_a_process_holding_nothing_frees_its_slot_at_exit(region_tool: Path, region_env: dict) -> None:
     env = _env(region_env)
     out = lines(run_tool(region_tool, env, "attach", f"reserve:0:{SIXTY}", f"release:0:{SIXTY}", "detach",

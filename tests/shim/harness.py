@@ -84,6 +84,7 @@ int nvml_preInit(void);
 unsigned long fake_calls(const char *);
 unsigned long long fake_used(int);
 unsigned long long fake_used_high(int);
+int fake_grow(int, unsigned long long);
 void *dlsym(void *, const char *);
 """
 

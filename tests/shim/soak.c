@@ -73,15 +73,16 @@ static int take(struct held *a, int kind, size_t size, CUstream s)
     return 0;
 }
 
+static CUstream streams[64];
+
 static void *churn(void *arg)
 {
     unsigned seed = (unsigned)getpid() * 7919u + (unsigned)(uintptr_t)arg;
     struct held held[4] = {{-1, 0, 0}, {-1, 0, 0}, {-1, 0, 0}, {-1, 0, 0}};
-    CUstream s;
+    CUstream s = streams[(uintptr_t)arg];
     long i;
 
     CHECK(cuCtxSetCurrent(ctx));
-    CHECK(cuStreamCreate(&s, 0));
     for (i = 0; now() < deadline; i++) {
         struct held *a = &held[i % 4];
         if (a->kind >= 0)
@@ -123,6 +124,10 @@ static int worker(int threads, double seconds)
     props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     CHECK(cuMemPoolCreate(&created, &props));
     CHECK(cuMemPoolSetAttribute(created, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep));
+    /* a stream may take device memory (the driver's state for it): in a full container refused, as
+     * the context may be, before "ready" */
+    for (int t = 0; t < threads; t++)
+        CHECK(cuStreamCreate(&streams[t], 0));
     printf("ready\n");
     fflush(stdout);
     deadline = now() + seconds;

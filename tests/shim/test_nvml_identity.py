@@ -55,6 +55,10 @@ CASES = {
     "listed-late": ({"FAKE_NVML_OTHERS": "4242:700", "FAKE_NVML_OTHERS_WITH_US": "1",
                      "FAKE_NVML_SELF_LATE_MS": "300"}, 500),
     "neighbour-has-our-pid": ({"FAKE_NVML_OTHERS": "self:700"}, 0),
+    # a neighbour growing at every listing while we are not listed yet: it grew while our probe was held,
+    # and was taken for us (it does not fall back once the probe is released)
+    "busy-neighbour-while-listed-late": ({"FAKE_NVML_OTHERS": "4242:700", "FAKE_NVML_OTHERS_GROW": "1",
+                                          "FAKE_NVML_SELF_LATE_MS": "300"}, 500),
 }
 
 
@@ -159,15 +163,16 @@ int main(void)
 
 def test_nvml_queries_per_context_and_refusal_are_bounded(env: Env) -> None:
     """A loaded NVML (200 ms a call in the field) costs each context creation and each refusal as
-    few queries as the measurement needs: the first context 4 (two device figures for the fallback,
-    the probe's two listings, one of which serves the measurement), later ones 1, a refusal 1."""
+    few queries as the measurement needs: the first context 5 (two device figures for the fallback,
+    the probe's three listings: before it, while it is held, which serves the measurement, and after its
+    release), later ones 1, a refusal 1."""
     exe = env.compile_c("cost", COST, f"-L{env.fake_dir}", "-l:libcuda.so.1", "-ldl")
     child = env.run_c(exe, {"CUDA_DEVICE_MEMORY_LIMIT": "1000m", "FAKE_CUDA_CTX_MB": "100",
                             "FAKE_NVML_PID_OFFSET": "1000"})
     assert child.rc == 0, (child.rc, child.stdout, child.stderr)
     r = dict(line.split(None, 1) for line in child.stdout.splitlines())
     assert r["refused"] == "2"
-    assert (r["first_ctx"], r["second_ctx"], r["refusal"]) == ("4", "1", "1"), r
+    assert (r["first_ctx"], r["second_ctx"], r["refusal"]) == ("5", "1", "1"), r
 
 
 def _region_env(env: Env, extra: dict[str, str]) -> dict[str, str]:

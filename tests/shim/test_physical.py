@@ -313,3 +313,140 @@ emit(first=first, refused=refused, after=meminfo(), real=fake.fake_used(0))
     assert r["refused"] == 2, r                # the free still counted (was granted: the context taken for it)
     assert r["real"] == 100 * MiB, r
     assert r["after"][1] == 200 * MiB, r       # the context, still counted (was 10 MiB of it)
+
+
+def test_streams_driver_memory_is_charged(env: Env) -> None:
+    """A stream's state takes device memory outside any allocation (2 MiB for every four streams on an H200):
+    each stream is charged a stand-in before it is made and what it took measured after, so a container that
+    fills up after making its streams stays under its limit (it went 2 MiB over, one process's streams)."""
+    r = env.run_py("""
+assert shim.cuInit(0) == 0
+ctx_on(0)
+s = ffi.new("CUstream *")
+made = [shim.cuStreamCreate(s, 0) for _ in range(3)]     # the second takes the fake's piece
+n = 0
+while alloc(2 * MiB)[0] == 0:
+    n += 1
+emit(made=made, n=n, high=fake.fake_used_high(0), info=meminfo())
+""", {"CUDA_DEVICE_MEMORY_LIMIT": "16m", "FAKE_CUDA_STREAM_MB": "2"}).result
+    assert r["made"] == [0, 0, 0], r
+    assert r["high"] <= 16 * MiB, r              # was 18: eight allocations beside the piece
+    assert r["n"] == 7 and r["info"][1] == 0, r  # the piece counted, no stand-in left behind
+
+
+def test_a_stream_the_container_has_no_room_for_is_refused_before_it_is_made(env: Env) -> None:
+    """In a full container a new stream is refused (CUDA_ERROR_OUT_OF_MEMORY, one log line), as a full GPU
+    refuses one that needs a piece of memory: whether it would is not known before the call. Through
+    cuGetProcAddress too (cuStreamCreateWithPriority, which the CUDA runtime uses); a thread without a
+    context still gets the driver's own error."""
+    child = env.run_py("""
+assert shim.cuInit(0) == 0
+ctx_on(0)
+held = [alloc(2 * MiB) for _ in range(8)]        # the whole limit, no refusal yet (their line would hide ours)
+assert [rc for rc, _ in held] == [0] * 8
+s = ffi.new("CUstream *")
+full = shim.cuStreamCreate(s, 0)
+fn = ffi.new("void **")
+assert shim.cuGetProcAddress(b"cuStreamCreateWithPriority", fn, 12000, 0) == 0
+prio = ffi.cast("CUresult (*)(CUstream *, unsigned int, int)", fn[0])
+full_prio = prio(s, 0, -1)
+got = {}
+def bare():
+    got["rc"] = shim.cuStreamCreate(ffi.new("CUstream *"), 0)
+t = threading.Thread(target=bare)
+t.start()
+t.join()
+for _, p in held[:2]:
+    assert shim.cuMemFree_v2(p) == 0
+made = [shim.cuStreamCreate(s, 0), prio(s, 0, -1), shim.cuStreamCreate(s, 0), prio(s, 0, -1)]
+emit(full=full, full_prio=full_prio, bare=got["rc"], made=made, high=fake.fake_used_high(0),
+     calls=fake.fake_calls(b"cuStreamCreate") + fake.fake_calls(b"cuStreamCreateWithPriority"))
+""", {"CUDA_DEVICE_MEMORY_LIMIT": "16m", "FAKE_CUDA_STREAM_MB": "2"})
+    r = child.result
+    assert (r["full"], r["full_prio"]) == (2, 2), r
+    assert r["bare"] == 201, r                    # CUDA_ERROR_INVALID_CONTEXT, from the driver
+    assert r["made"] == [0, 0, 0, 0], r          # 4 MiB freed: the second stream's piece fits
+    assert r["calls"] == 5 and r["high"] <= 16 * MiB, r
+    assert "refused a new stream, for which the driver may take 2.0 MiB" in child.stderr, child.stderr
+
+
+def test_a_reading_pauses_allocations_to_see_the_drivers_own_growth(env: Env) -> None:
+    """Memory the driver takes for the process outside any call the shim sees (modules loaded lazily, local
+    memory grown at a launch) is found by the next reading as NVML's figure beyond the charges. With another
+    thread's allocations always in the driver, a reading only bounded it and kept the old figure: the growth
+    went uncounted (the H200 soak was 2 MiB over 3 GiB). A reading now pauses new charges for a moment and
+    lets those in flight land, and sees it exactly."""
+    r = env.run_py("""
+import time
+assert shim.cuInit(0) == 0
+ctx_on(0)
+stop = []
+def churn():
+    ctx_on(0)
+    while not stop:
+        rc, p = alloc(8 * MiB)                  # 1 ms in the driver before the memory is held
+        if rc == 0:
+            assert shim.cuMemFree_v2(p) == 0
+t = threading.Thread(target=churn)
+t.start()
+time.sleep(0.05)
+assert fake.fake_grow(0, 2 * MiB) == 0         # taken behind every call the shim sees
+refused = [alloc(200 * MiB)[0] for _ in range(5)]  # each refusal measures again
+stop.append(1)
+t.join()
+emit(refused=refused, info=meminfo(), real=fake.fake_used(0))
+""", {"CUDA_DEVICE_MEMORY_LIMIT": "100m", "FAKE_CUDA_ALLOC_DELAY_MS": "1"}).result
+    assert r["refused"] == [2] * 5 and r["real"] == 2 * MiB, r
+    assert r["info"][1] == 98 * MiB, r           # the 2 MiB counted (was 100: missed at every reading)
+
+
+EXITING = r"""
+#include <cuda.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+unsigned long long fake_used(int dev);
+static CUcontext ctx;
+
+static void *grab(void *arg)
+{
+    CUdeviceptr p;
+    char line[64];
+    (void)arg;
+    cuCtxSetCurrent(ctx);
+    for (;;)
+        if (cuMemAlloc(&p, 2u << 20) == CUDA_SUCCESS) {
+            int n = snprintf(line, sizeof line, "used %llu\n", fake_used(0));
+            if (write(1, line, (size_t)n) != n)
+                return 0;
+        }
+}
+
+int main(void)
+{
+    CUdevice d;
+    CUdeviceptr p;
+    pthread_t t;
+
+    if (cuInit(0) || cuDeviceGet(&d, 0) || cuDevicePrimaryCtxRetain(&ctx, d) || cuCtxSetCurrent(ctx) ||
+        cuMemAlloc(&p, 32u << 20))
+        return 2;
+    pthread_create(&t, 0, grab, 0);
+    usleep(100000); /* the thread has filled the limit and is refused */
+    exit(0);        /* our destructor, then 300 ms of the driver's teardown with the thread still asking */
+}
+"""
+
+
+def test_threads_of_an_exiting_process_stay_under_the_limit(env: Env) -> None:
+    """exit() runs the destructors while other threads still run. Once the shim's destructor made the slot an
+    exit hold, nothing counted what those threads took, and the per-process fallback let them past the limit
+    (the soak saw 418 MiB under 256m, a worker that exited while its threads allocated)."""
+    exe = env.compile_c("exiting", EXITING, f"-L{env.fake_dir}", "-l:libcuda.so.1")
+    child = env.run_c(exe, {"CUDA_DEVICE_MEMORY_LIMIT": "64m", "FAKE_CUDA_EXIT_DELAY_MS": "300"}, timeout=60)
+    used = [int(line.split()[1]) for line in child.stdout.splitlines() if line.startswith("used ")]
+    assert child.rc == 0 and used, child
+    assert max(used) <= 64 * MiB, f"{max(used) / MiB:.0f} MiB under 64m: {child}"

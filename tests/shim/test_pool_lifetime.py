@@ -14,7 +14,7 @@ LIMIT = {"CUDA_DEVICE_MEMORY_LIMIT": "1000m", "FAKE_NVML_PROCS_FAIL": "1"}
 POOLS = """
 assert shim.cuInit(0) == 0
 ctx_on(0)
-s = ffi.new("CUstream *"); assert shim.cuStreamCreate(s, 0) == 0
+s = ffi.new("CUstream *")  # the default stream: without NVML a stream made through the shim stays charged 2 MiB
 props = ffi.new("CUmemPoolProps *"); props.allocType = 1; props.location.type = 1; props.location.id = 0
 
 def new_pool():

@@ -31,7 +31,7 @@ PROGRAM = (Path(__file__).parent / "soak.c").read_text()
 
 def _env(env: Env, shared: str, cache: str, preload: bool) -> dict[str, str]:
     return env.c_env({"CUDA_DEVICE_MEMORY_LIMIT": f"{LIMIT_MB}m", "FAKE_CUDA_SHARED": shared,
-                      "CUDA_DEVICE_MEMORY_SHARED_CACHE": cache}, preload)
+                      "CUDA_DEVICE_MEMORY_SHARED_CACHE": cache, "FAKE_CUDA_STREAM_MB": "2"}, preload)
 
 
 def test_threaded_soak_with_random_kills_never_exceeds_the_limit(env: Env) -> None:
@@ -48,21 +48,34 @@ def test_threaded_soak_with_random_kills_never_exceeds_the_limit(env: Env) -> No
     def event(p: subprocess.Popen, what: str) -> None:
         events.append(f"{time.monotonic():.3f} {p.pid} {what}")
 
-    def spawn(args: list[str], e: dict[str, str], stdin: int | None = subprocess.DEVNULL) -> subprocess.Popen:
+    def spawn(args: list[str], e: dict[str, str], stdin: int | None = subprocess.DEVNULL) -> subprocess.Popen | None:
         # the shim's refusal warnings go to a file: a pipe nobody reads would stall a long run
         with open(env.tmp / "stderr", "a") as err:
             p = subprocess.Popen([str(exe), *args], env=e, stdin=stdin, stdout=subprocess.PIPE, stderr=err,
                                  text=True, start_new_session=True)
         children.append(p)
         event(p, "started")
-        assert p.stdout is not None and p.stdout.readline().strip() in ("ready", "watching"), p.stdout.read()
+        assert p.stdout is not None
+        first = p.stdout.readline().strip()
+        if first.startswith("FAIL cuStreamCreate") and p.wait(timeout=30) == 1:  # a full container: refused
+            event(p, "refused a stream")
+            return None
+        assert first in ("ready", "watching"), (first, p.stdout.read())
+        return p
+
+    def worker(secs: float) -> subprocess.Popen:
+        give_up = time.monotonic() + 30
+        while (p := spawn(["worker", str(threads), str(secs)], worker_env)) is None:
+            assert time.monotonic() < give_up, "no room for a new process's streams for 30 s"
+            time.sleep(0.05)
         return p
 
     watcher = spawn(["watch", str(LIMIT_MB * MiB)], plain_env, stdin=subprocess.PIPE)
+    assert watcher
     kills = 0
     try:
         end = time.monotonic() + seconds
-        running = [spawn(["worker", str(threads), str(seconds)], worker_env) for _ in range(procs)]
+        running = [worker(seconds) for _ in range(procs)]
         finished: list[subprocess.Popen] = []
         while time.monotonic() < end - 1 and os.environ.get("VGPU_SOAK_KILLS") != "0":
             time.sleep(rng.uniform(0.2, 0.8))
@@ -72,7 +85,7 @@ def test_threaded_soak_with_random_kills_never_exceeds_the_limit(env: Env) -> No
             victim.wait(timeout=10)
             event(victim, "reaped")
             kills += 1
-            running.append(spawn(["worker", str(threads), str(max(0.5, end - time.monotonic()))], worker_env))
+            running.append(worker(max(0.5, end - time.monotonic())))
         for p in running:
             p.wait(timeout=seconds + 60)
             event(p, "exited")
