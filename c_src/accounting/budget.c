@@ -28,6 +28,7 @@ static uint64_t local_used[VGPU_MAX_DEVICES]; /* fallback when the region is unu
 static uint64_t mine[VGPU_MAX_DEVICES];       /* this process's charges, region or not */
 static uint64_t in_flight[VGPU_MAX_DEVICES];  /* the part of them ahead of driver calls not yet returned */
 static __thread uint64_t own_ahead[VGPU_MAX_DEVICES]; /* this thread's part of in_flight */
+static uint64_t unshown[VGPU_MAX_DEVICES];    /* managed charges: NVML shows them once touched */
 static int paused[VGPU_MAX_DEVICES];          /* a reading waits for in_flight to drain: new charges wait */
 static int state;                             /* 0 not tried, 1 region, -1 local */
 static int devices_known;
@@ -231,6 +232,21 @@ VGPU_HIDDEN uint64_t vgpu_budget_in_flight(int dev)
     return in_range(dev) ? __atomic_load_n(&in_flight[dev], __ATOMIC_SEQ_CST) : 0;
 }
 
+VGPU_HIDDEN void vgpu_budget_unshown(int dev, uint64_t bytes, int add)
+{
+    if (!in_range(dev))
+        return;
+    if (add)
+        __atomic_fetch_add(&unshown[dev], bytes, __ATOMIC_SEQ_CST);
+    else
+        sub_saturating(&unshown[dev], bytes);
+}
+
+VGPU_HIDDEN uint64_t vgpu_budget_unshown_now(int dev)
+{
+    return in_range(dev) ? __atomic_load_n(&unshown[dev], __ATOMIC_SEQ_CST) : 0;
+}
+
 VGPU_HIDDEN int vgpu_budget_pause(int dev)
 {
     uint64_t end;
@@ -257,6 +273,7 @@ VGPU_HIDDEN void vgpu_budget_atfork_child(void)
     memset(mine, 0, sizeof mine);
     memset(in_flight, 0, sizeof in_flight);
     memset(own_ahead, 0, sizeof own_ahead); /* the forking thread's: the child's only thread */
+    memset(unshown, 0, sizeof unshown);
     memset(paused, 0, sizeof paused);
     memset(local_used, 0, sizeof local_used);
 }

@@ -23,6 +23,12 @@ VGPU_HIDDEN uint64_t vgpu_budget_mine(int dev);
 VGPU_HIDDEN void vgpu_budget_ahead(int dev, uint64_t bytes);
 VGPU_HIDDEN void vgpu_budget_landed(int dev, uint64_t bytes);
 VGPU_HIDDEN uint64_t vgpu_budget_in_flight(int dev);
+/* charges NVML's per-process figure may not show (managed memory is resident only once touched):
+ * `add` 1 when allocated, 0 when freed. A reading takes them as maybe held, never as surely held:
+ * taken for held, they made the overhead look smaller by them, and it was short once they were
+ * freed (the H200 soak with managed allocations beside pools went 52 MiB over 3 GiB) */
+VGPU_HIDDEN void vgpu_budget_unshown(int dev, uint64_t bytes, int add);
+VGPU_HIDDEN uint64_t vgpu_budget_unshown_now(int dev);
 /* a reading about to compare our charges with what the driver holds: new charges ahead wait (a
  * bounded while) and the ones in flight land; 1 when none but the caller's own is in flight.
  * Always followed by _resume, whatever it returned. */

@@ -117,6 +117,9 @@ VGPU_HIDDEN CUresult vgpu_charge_current(int *dev, uint64_t bytes)
     return rc;
 }
 
+/* managed allocations alive: while there are none a free looks for one kind only */
+static unsigned long managed_live;
+
 VGPU_HIDDEN void vgpu_settle(CUresult rc, uint64_t key, int kind, int dev, uint64_t bytes)
 {
     if (dev < 0)
@@ -127,27 +130,41 @@ VGPU_HIDDEN void vgpu_settle(CUresult rc, uint64_t key, int kind, int dev, uint6
         vgpu_budget_release(dev, bytes);
         VGPU_ERROR("out of memory tracking an allocation of %llu bytes on device %d; it is not counted",
                    (unsigned long long)bytes, dev);
+    } else if (kind == VGPU_K_MANAGED) {
+        __atomic_fetch_add(&managed_live, 1, __ATOMIC_RELAXED);
+        vgpu_budget_unshown(dev, bytes, 1);
     }
     vgpu_budget_landed(dev, bytes);
 }
 
 VGPU_HIDDEN struct vgpu_tracked vgpu_untrack(uint64_t key, int kind)
 {
-    struct vgpu_tracked t = {0, VGPU_DEV_UNKNOWN, 0};
+    struct vgpu_tracked t = {0, VGPU_DEV_UNKNOWN, kind, 0};
 
-    if (key && (t.found = vgpu_table_take(key, kind, &t.dev, &t.size)))
+    if (!key)
+        return t;
+    t.found = vgpu_table_take(key, kind, &t.dev, &t.size);
+    if (!t.found && kind == VGPU_K_DPTR && __atomic_load_n(&managed_live, __ATOMIC_RELAXED))
+        t.found = vgpu_table_take(key, t.kind = VGPU_K_MANAGED, &t.dev, &t.size);
+    if (t.found)
         vgpu_budget_ahead(t.dev, t.size); /* the driver may give it back before the call returns */
     return t;
 }
 
 VGPU_HIDDEN void vgpu_untrack_done(CUresult rc, uint64_t key, int kind, struct vgpu_tracked t)
 {
+    (void)kind; /* t.kind: what it was found as */
     if (!t.found)
         return;
-    if (rc == CUDA_SUCCESS)
+    if (rc != CUDA_SUCCESS) {
+        vgpu_table_put(key, t.kind, t.dev, t.size); /* the driver kept it: keep counting it */
+    } else {
         vgpu_budget_release(t.dev, t.size);
-    else
-        vgpu_table_put(key, kind, t.dev, t.size); /* the driver kept it: keep counting it */
+        if (t.kind == VGPU_K_MANAGED) {
+            vgpu_budget_unshown(t.dev, t.size, 0);
+            __atomic_fetch_sub(&managed_live, 1, __ATOMIC_RELAXED);
+        }
+    }
     vgpu_budget_landed(t.dev, t.size);
 }
 

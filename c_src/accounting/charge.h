@@ -33,6 +33,7 @@ VGPU_HIDDEN void vgpu_settle(CUresult rc, uint64_t key, int kind, int dev, uint6
 struct vgpu_tracked {
     int found;
     int dev;
+    int kind; /* what it was found as: a VGPU_K_DPTR free may be a VGPU_K_MANAGED allocation */
     uint64_t size;
 };
 VGPU_HIDDEN struct vgpu_tracked vgpu_untrack(uint64_t key, int kind);

@@ -209,14 +209,15 @@ struct listing {
 };
 
 /* our charges for allocations (not the overhead, nor stand-ins for contexts being made), and the part
- * of them still ahead of driver calls */
+ * of them the driver may hold or not: ahead of driver calls still running, or managed memory that
+ * NVML shows only once touched */
 static uint64_t charges(int dev, uint64_t *ahead)
 {
     uint64_t standin = __atomic_load_n(&devs[dev].standin, __ATOMIC_SEQ_CST), v;
 
     if (!devs[dev].probing) /* the room is not held either, but by a probe */
         standin += __atomic_load_n(&devs[dev].room, __ATOMIC_RELAXED);
-    *ahead = vgpu_budget_in_flight(dev);
+    *ahead = vgpu_budget_in_flight(dev) + vgpu_budget_unshown_now(dev); /* maybe held, maybe not */
     v = vgpu_budget_mine(dev) - devs[dev].charged;
     return v > standin ? v - standin : 0;
 }

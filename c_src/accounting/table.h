@@ -9,13 +9,14 @@
 #include "vgpu.h"
 
 enum vgpu_kind {
-    VGPU_K_DPTR = 1,   /* cuMemAlloc*, pitch, managed, stream-ordered: key = CUdeviceptr */
+    VGPU_K_DPTR = 1,   /* cuMemAlloc*, pitch, stream-ordered: key = CUdeviceptr */
     VGPU_K_VMM = 2,    /* cuMemCreate: key = CUmemGenericAllocationHandle */
     VGPU_K_ARRAY = 3,  /* cuArrayCreate / cuArray3DCreate: key = CUarray */
     VGPU_K_MIPMAP = 4, /* cuMipmappedArrayCreate: key = CUmipmappedArray */
     VGPU_K_POOL = 5,   /* memory pool -> its device (size unused): key = CUmemoryPool */
     VGPU_K_POOLED = 6, /* allocation from a charged pool -> (pool slot, size): key = CUdeviceptr */
     VGPU_K_POOLSLOT = 7, /* memory pool -> (device, pool slot): key = CUmemoryPool (accounting/pool.c) */
+    VGPU_K_MANAGED = 8, /* cuMemAllocManaged: key = CUdeviceptr (freed as a VGPU_K_DPTR) */
 };
 
 /* 0 on success, -1 when out of memory; an existing (key, kind) is overwritten */

@@ -77,7 +77,7 @@ VGPU_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsig
 {
     __typeof__(&cuMemAllocManaged) real = REAL(cuMemAllocManaged);
 
-    return VGPU_CHARGED_CURRENT(bytesize, VGPU_K_DPTR, real(dptr, bytesize, flags), *dptr);
+    return VGPU_CHARGED_CURRENT(bytesize, VGPU_K_MANAGED, real(dptr, bytesize, flags), *dptr);
 }
 VGPU_OWN_ALIAS(cuMemAllocManaged)
 

@@ -21,6 +21,8 @@
  *   FAKE_CUDA_STREAM_MB=M     the driver's state for streams: the 2nd, 6th, 10th, ... stream made in a process
  *                             takes M MiB of device memory more, kept until the process exits (an H200
  *                             takes 2 MiB for every four streams, kept when they are destroyed)
+ *   FAKE_CUDA_MANAGED_UNTOUCHED=1 managed memory takes no device memory (resident only once touched,
+ *                             and nothing here touches it: NVML does not show it)
  *   FAKE_CUDA_EXIT_DELAY_MS=N the process takes N ms more to exit, after the shim's destructor has run
  *                             (the driver's own teardown), its other threads still running
  *   FAKE_CUDA_LEGACY=1        the CUDA 12.8+/13 queries (cuStreamGetDevice, cuCtxGetDevice_v2, pool
@@ -156,6 +158,7 @@ static int spare_unusable;        /* FAKE_CUDA_POOL_SPARE_UNUSABLE */
 static unsigned alloc_delay_ms;   /* FAKE_CUDA_ALLOC_DELAY_MS */
 static unsigned free_delay_ms;    /* FAKE_CUDA_FREE_DELAY_MS */
 static uint64_t stream_piece;     /* FAKE_CUDA_STREAM_MB */
+static int managed_untouched;     /* FAKE_CUDA_MANAGED_UNTOUCHED */
 static int legacy;
 static int initialized;
 
@@ -336,6 +339,8 @@ __attribute__((constructor)) static void fake_config(void)
     s = getenv("FAKE_CUDA_FREE_DELAY_MS");
     if (s)
         free_delay_ms = (unsigned)strtoul(s, NULL, 10);
+    s = getenv("FAKE_CUDA_MANAGED_UNTOUCHED");
+    managed_untouched = s && s[0] == '1';
     s = getenv("FAKE_CUDA_STREAM_MB");
     if (s)
         stream_piece = strtoull(s, NULL, 10) << 20;
@@ -1121,6 +1126,10 @@ EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t size, unsigned int f
 {
     (void)flags;
     COUNT(cuMemAllocManaged);
+    if (managed_untouched && dptr && size && current()) {
+        *dptr = new_block(-1, size, NULL); /* on no device's books: give() takes nothing back either */
+        return CUDA_SUCCESS;
+    }
     return alloc_current(dptr, size);
 }
 
