@@ -257,9 +257,10 @@ static void list_into(int dev, nvmlDevice_t h, struct listing *l, int pause)
 /* A device's lock held, the probe charged: the pid of the one entry that grew by a probe allocation
  * while it was held and fell back by it once it was released, 0 if not exactly one: a neighbour
  * allocating all the time grows at every listing, and was taken for us. Our own charges are paused
- * throughout (a free of ours must not hide the probe's growth). The probe is made with the real cuMemCreate, which needs no current context. The listing made
- * while it is held serves the measurement that follows (the probe is in both our charges and our
- * entry): identifying costs two listings more. */
+ * throughout (a free of ours must not hide the probe's growth). The probe is made with the real
+ * cuMemCreate, which needs no current context. The listing made while it is held serves the
+ * measurement that follows (the probe is in both our charges and our entry): identifying costs two
+ * listings more. */
 static unsigned probe_once(int dev, nvmlDevice_t h, CUdevice d, struct listing *l)
 {
     nvmlProcessInfo_t other[MAX_PROCS]; /* before the probe, then after it */
