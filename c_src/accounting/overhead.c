@@ -434,6 +434,7 @@ again:
         set_charge(dev, 0); /* no context of ours on this device (any more) */
         return 1;
     }
+    drop_room(dev); /* our entry is known (found on another device meanwhile): no probe needs the room */
     /* The overhead is what NVML shows beyond our charges, and the charges are not all held at the
      * moment NVML reads: an allocation or free racing with the reading shows between our two samples,
      * and charges taken ahead of driver calls still running may be held yet or not. So the reading
