@@ -297,6 +297,16 @@ static unsigned probe_once(int dev, nvmlDevice_t h, CUdevice d, struct listing *
     return hits == 1 ? found : 0;
 }
 
+/* lock held: the probe's room goes back (our entry found, or NVML cannot tell it: no list, no
+ * per-process figures) */
+static void drop_room(int dev)
+{
+    uint64_t room = __atomic_exchange_n(&devs[dev].room, 0, __ATOMIC_RELAXED);
+
+    if (room)
+        vgpu_budget_release(dev, room);
+}
+
 /* A device's lock held: find our entry by a probe allocation, charged first: from the room kept for
  * it while our entry is unknown (a full container has none to spare, and an unknown entry leaves
  * our contexts counted by a guess), else reserved for the moment (no room: no probe). 1 when found. */
@@ -318,10 +328,7 @@ static int probe_identity(int dev, nvmlDevice_t h, struct listing *l)
         vgpu_budget_release(dev, PROBE_BYTES);
     if (!found)
         return 0;
-    if (room) { /* found: the room is not needed any more */
-        __atomic_store_n(&s->room, 0, __ATOMIC_RELAXED);
-        vgpu_budget_release(dev, room);
-    }
+    drop_room(dev); /* found: the room is not needed any more */
     if (__atomic_exchange_n(&host_pid, found, __ATOMIC_RELAXED) != found)
         VGPU_INFO("NVML knows this process as host pid %u", found);
     return 1;
@@ -347,15 +354,6 @@ static void no_list_warning(int dev)
                   "is taken from the device's used-memory change around each context creation, which may count "
                   "other processes' memory too",
                   dev);
-}
-
-/* lock held: NVML cannot tell our entry (no list, no per-process figures): the probe's room goes back */
-static void drop_room(int dev)
-{
-    uint64_t room = __atomic_exchange_n(&devs[dev].room, 0, __ATOMIC_RELAXED);
-
-    if (room)
-        vgpu_budget_release(dev, room);
 }
 
 /* lock held: our own figure is not to be had; what a driver call may just have added stays charged
