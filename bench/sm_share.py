@@ -5,12 +5,16 @@ a long-kernel (about 2.2 ms) and a short-kernel (about 29 us) compute-bound loop
 container's kernels per second over one bare process alone.
 
     python3 bench/sm_share.py [--seconds 3] [--no-mps] [--kernels long|short|both] [--json OUT]
+    python3 bench/sm_share.py --arrivals [--runs 5] ...   containers that start apart (ARRIVALS), each row
+                                                          run N times: the median and the spread of every
+                                                          container, the bare rows of the same run beside
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -41,6 +45,43 @@ BARE = [("bare pair (time-slicing ceiling)", [C(None), C(None)]),
         ("bare trio", [C(None), C(None), C(None)])]
 MPS = [("MPS 50 / 50", [C(50), C(50)]), ("MPS 30 / 70", [C(30), C(70)]),
        ("MPS 30 / 30 / 30", [C(30), C(30), C(30)])]
+# a tenant that arrives while another is busy: measured over one window a second after the last arrival
+ARRIVALS: list[tuple[str, list[Container]]] = [
+    ("10 / 90 together", [C(10), C(90)]),
+    ("10 first, 90 1 s later", [C(10), C(90, arrives=1.0)]),
+    ("90 first, 10 1 s later", [C(90), C(10, arrives=1.0)]),
+    ("30 first, 70 0.3 s later", [C(30), C(70, arrives=0.3)]),
+    ("70 first, 30 0.3 s later", [C(70), C(30, arrives=0.3)]),
+    ("70 first, 30 2 s later", [C(70), C(30, arrives=2.0)]),
+    ("20 / 30 / 50, 0.3 s apart", [C(20), C(30, arrives=0.3), C(50, arrives=0.6)]),
+    ("50 / 30 / 20, 0.3 s apart", [C(50), C(30, arrives=0.3), C(20, arrives=0.6)]),
+    ("50 first, unlimited 1 s later", [C(50), C(None, arrives=1.0)]),
+    ("unlimited first, 50 1 s later", [C(None), C(50, arrives=1.0)]),
+]
+MPS_ARRIVALS = [("MPS 10 / 90", [C(10), C(90)]), ("MPS 30 / 70", [C(30), C(70)]),
+                ("MPS 20 / 30 / 50", [C(20), C(30), C(50)])]
+
+
+def spread(runs: list[list[float]]) -> str:
+    """each container's median over the runs and its spread (min-max)"""
+    cols = list(zip(*runs))
+    return " / ".join(f"{statistics.median(c):.3f} ({min(c):.3f}-{max(c):.3f})" for c in cols)
+
+
+def arrivals(runner: ShareRunner, iters: int, size: str, runs: int, mps: bool, tmp: Path, table: list,
+             only: str) -> None:
+    bare = BARE[:1] if only else BARE
+    rows = [(n, c, "shim") for n, c in ARRIVALS if only in n] + [(n, c, "bare") for n, c in bare]
+    for name, cs, how in rows:
+        got = [runner.run(cs, iters, shim=how == "shim") for _ in range(runs)]
+        table.append({"kernels": size, "row": name, "runs": got})
+        print(f"  {name:<32} {spread(got)}", flush=True)
+    if mps:
+        with mps_daemon(tmp):
+            for name, cs in [r for r in MPS_ARRIVALS if only in r[0]]:
+                got = [runner.run(cs, iters, shim=False, mps=True) for _ in range(runs)]
+                table.append({"kernels": size, "row": name, "runs": got})
+                print(f"  {name:<32} {spread(got)}", flush=True)
 
 
 def main() -> None:
@@ -49,6 +90,9 @@ def main() -> None:
     ap.add_argument("--no-mps", action="store_true")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--kernels", choices=["long", "short", "both"], default="both")
+    ap.add_argument("--arrivals", action="store_true", help="the staggered-arrival rows instead")
+    ap.add_argument("--runs", type=int, default=5, help="runs of each --arrivals row")
+    ap.add_argument("--rows", default="", help="only the --arrivals rows whose name has this text")
     args = ap.parse_args()
     table = []
     with tempfile.TemporaryDirectory() as d:
@@ -62,6 +106,9 @@ def main() -> None:
             if args.kernels not in (size, "both"):
                 continue
             print(f"== {size} kernels (SPIN_ITERS={iters}): bare {runner.bare(iters):.1f} kernels/s", flush=True)
+            if args.arrivals:
+                arrivals(runner, iters, size, args.runs, not args.no_mps, tmp, table, args.rows)
+                continue
             rows = [(n, c, "shim") for n, c in ROWS] + [(n, c, "bare") for n, c in BARE]
             for name, cs, how in rows:
                 shares = runner.run(cs, iters, shim=how == "shim")

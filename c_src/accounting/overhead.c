@@ -653,6 +653,16 @@ VGPU_HIDDEN void vgpu_overhead_after_growth(CUresult rc, struct vgpu_growth *g)
     __atomic_fetch_sub(&s->standin, g->standin, __ATOMIC_SEQ_CST);
 }
 
+VGPU_HIDDEN int vgpu_overhead_gpu_procs(int dev)
+{
+    nvmlProcessInfo_t procs[MAX_PROCS];
+    nvmlDevice_t h;
+
+    if (dev < 0 || dev >= VGPU_MAX_DEVICES || !(h = nvml_of(dev)))
+        return -1;
+    return list_procs(h, procs);
+}
+
 VGPU_HIDDEN unsigned vgpu_overhead_host_pid(void)
 {
     return __atomic_load_n(&host_pid, __ATOMIC_RELAXED);

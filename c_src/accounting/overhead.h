@@ -47,6 +47,8 @@ VGPU_HIDDEN int vgpu_overhead_refresh(int dev, int force);
 /* measure once if this device was never measured (a context made before we could see it), and
  * again (rate-limited) while our NVML entry is not known yet */
 VGPU_HIDDEN void vgpu_overhead_ensure(int dev);
+/* how many processes have a context on dev, as NVML lists them (others' too); -1 when it cannot tell */
+VGPU_HIDDEN int vgpu_overhead_gpu_procs(int dev);
 /* this process's host pid as NVML reports it, 0 while unknown */
 VGPU_HIDDEN unsigned vgpu_overhead_host_pid(void);
 VGPU_HIDDEN void vgpu_overhead_atfork_child(void);

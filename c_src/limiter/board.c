@@ -4,42 +4,53 @@
  * Without MPS the GPU time-slices between contexts. A kernel longer than a slice is stretched by
  * every other busy context (an H200 measured 2.18 ms alone, 4.63 ms beside one busy context,
  * 6.90 ms beside two), so its event-measured time is not what it used. The limiter divides by
- * the number of contexts busy meanwhile, read here (limiter.c says how it guards against counting
- * too many).
+ * the number of contexts busy meanwhile, read here.
  *
  * One small file per GPU in a directory every container of the node shares: HAMi mounts the host's
- * /tmp/vgpulock into each of them; VGPU_NODE_DIR names another (empty: no board). Each process
- * that launches on the GPU holds one 64-byte entry: its current busy stretch (since, busy_until)
- * and the last PAST stretches before it, so a reader can tell how long a neighbour was busy
- * between two moments, not only whether it is busy now (a throttled neighbour runs in bursts
- * between sleeps, and two looks at the board miss the burst in between). It extends the stretch,
- * at most once a millisecond, to "now + BUSY_NS" after a launch; a thread that waits for the GPU
- * (cuCtxSynchronize, cuStreamSynchronize: its process has work queued) holds it until it returns;
- * and a process that measures its launches (an SM limit) extends it to when its queued work should
- * be done. A stretch that had ended before the next mark is kept in the history and a new one
- * begins. Entries are claimed by CAS and freed at exit (the history stays true: the stretch ends
- * then); one whose process died simply stops being busy and is taken over after STALE_NS. No lock
- * between processes, no thread, no driver call on the way. A process's entry is alive while it
- * holds an OFD lock on the entry's byte past the end of the file (the kernel drops it when the
- * process dies): a dead process's entry is not counted at all (its mark may reach seconds ahead,
- * one killed inside a 10 s wait, say); the probe is one fcntl per entry, at most every 100 ms.
+ * /tmp/vgpulock into each of them; VGPU_NODE_DIR names another (empty: no board). Each process that
+ * launches on the GPU writes one 64-byte entry: its current busy stretch (since, until) and `total`,
+ * how long it was busy before that stretch since it took the entry, so its busy time up to any
+ * moment is a running sum (the integral). A launch extends the stretch to "now + BUSY_NS" at most
+ * once a millisecond; a thread that waits for the GPU (its process has work queued) holds it until
+ * it returns; a process that measures its launches (an SM limit) extends it to when its queued work
+ * should be done.
  *
- * The file is shared by every container, so it is mode 0666 and its content untrusted: a symlink,
- * a non-regular file, a file of another size or without our magic is not used; a busy mark further
- * than HOLD_NS in the future is ignored, busy time is clamped to the interval asked about, and
- * callers cap what they make of it. Unusable board: every process counts as alone (its measured
- * time is charged in full, as before there was a board). An entry of an older build (no history:
- * `since` 0) counts as busy over the whole interval when it is busy at its end. */
+ * Readers keep their own history. Each look at the board (vgpu_board_sample: at every harvest of
+ * the limiter) adds up how much the others' running sums grew since the last look and keeps that
+ * sum, with the time, in a private ring; how long the others were busy between two past moments is
+ * then read from the ring, interpolated between looks. Nothing of the past lives in the shared
+ * file, so a neighbour's history is never too short for a harvest that comes late (a throttled
+ * container sleeping off its debt, a queue 100 ms deep): an in-file history of four stretches did
+ * not reach back, a late tenant took its stretched kernel for one it ran alone and got 0.55 of its
+ * share on the H200.
+ *
+ * The file is shared by every container on the GPU (mode 0666): any of them can truncate, zero,
+ * junk or forge it at any moment (docs/architecture.md, the threat model). So:
+ * - it is never mapped: readers pread() one private copy of the whole board and decide from it,
+ *   the writer pwrite()s its whole entry; a truncated file reads short (those entries count as
+ *   unreadable) and cannot fault (no SIGBUS);
+ * - an entry is whoever holds its liveness lock: an OFD lock on the entry's byte past the end of
+ *   the board, kept by the kernel while the owner lives and dropped when it dies, which no write to
+ *   the file can take away; the writer rewrites its whole entry on every mark, so a zeroed or junk
+ *   entry is mended within a millisecond of its owner's next launch;
+ * - an entry counts only when its checksum holds and its times make sense (a stretch ending more
+ *   than HOLD_NS ahead, a running sum growing faster than the clock: not believed); a live owner's
+ *   entry that reads as junk keeps the rate of growth last seen, and once readable again its real
+ *   growth replaces the guess, so zeroing a neighbour's entry moves nobody's charges;
+ * - growth is capped by the time between two looks, and the limiter caps what it makes of the sum
+ *   by the GPU's own count of processes (NVML), which no file can forge;
+ * - the file is created 0666 by O_EXCL and never chmod-ed after that; a file that is not regular,
+ *   or has a second name (a hard link to something else), is not used.
+ * Unusable board: every process counts as alone (its measured time is charged in full). */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
-#include <sched.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -51,42 +62,65 @@
 #define BUSY_NS 10000000ll     /* a launch marks its process busy for 10 ms */
 #define HOLD_NS 10000000000ll  /* a thread waiting for the GPU holds the mark for up to 10 s */
 #define MARK_EVERY_NS 1000000ll
-#define STALE_NS 10000000000ll /* an entry idle for 10 s may be taken over */
 #define LIVENESS_EVERY_NS 100000000ll
-#define PAST 4 /* earlier busy stretches kept in an entry */
-#define KEEP_NS 1000000000ll /* an entry freed this recently is taken last: its history is still read */
-#define BOARD_MAGIC 0x766770752d62726full
+#define SAMPLE_EVERY_NS 250000ll /* looks closer together than this add no sample */
+#define HIST 512                 /* samples kept: at a harvest every 2 ms, a second of history */
+#define MAX_OTHERS 8             /* no look counts more than this many others busy at once */
+#define BOARD_MAGIC 0x766770752d627232ull /* "vgpu-br2" */
+#define ENTRY_MAGIC 0x9e3779b97f4a7c15ull /* folded into each entry's checksum */
 #define DEFAULT_DIR "/tmp/vgpulock"
+#define FILE_PREFIX "vgpu-patch-activity2-"
 
 typedef struct {
-    uint64_t owner;      /* a random word per process image; 0 = free (in the header: BOARD_MAGIC) */
-    int64_t busy_until;  /* CLOCK_MONOTONIC ns: the end of the current stretch */
-    int32_t pid;         /* for people reading the file */
-    uint32_t seq;        /* odd while the owner rewrites the stretch and its history */
-    int64_t since;       /* the current stretch's start; 0: an older build's entry, no history */
-    uint32_t past[PAST][2]; /* earlier stretches, newest first: start and end in microseconds of the
-                             * same clock, modulo 2^32 (71 minutes); {0, 0}: none */
+    uint64_t owner; /* a random word per process image; 0 = free (in the header: BOARD_MAGIC) */
+    int64_t since;  /* CLOCK_MONOTONIC ns: the current stretch's start */
+    int64_t until;  /* its end; may lie ahead (a promise) */
+    int64_t total;  /* ns busy before `since`, since `born` */
+    int64_t born;   /* when the owner took the entry */
+    int32_t pid;    /* for people reading the file */
+    uint32_t gen;   /* rewrites, for people reading the file */
+    uint64_t freed; /* 1: its owner left; the running sum is final (readers still count its last growth) */
+    uint64_t sum; /* checksum of the words above: a torn or junk entry does not count */
 } entry_t;
 _Static_assert(sizeof(entry_t) == 64, "one cache line an entry");
 #define BOARD_SIZE (sizeof(entry_t) * (ENTRIES + 1))
 
+/* what this reader last made of another entry */
+struct seen {
+    uint64_t owner;   /* 0: not followed */
+    int64_t running;  /* its running sum then */
+    int64_t at;       /* when that was read */
+    int64_t guessed;  /* added since, at its last rate, while it read as junk */
+    int64_t rate_ppm; /* its busy ns per million ns, lately */
+    int64_t until;    /* the end of the stretch it last showed */
+    int busy;         /* busy at the last look */
+};
+
 static struct board {
-    pthread_mutex_t mu;
-    pthread_mutex_t wmu; /* our threads rewrite our entry one at a time */
-    int state;        /* 0 not tried, 1 open, -1 unusable */
-    entry_t *all;     /* [0] is the header */
-    entry_t *mine;
-    int64_t marked;   /* our last busy mark */
-    int waiting;      /* threads inside a wait for the GPU */
-    int fd;           /* holds our entry's liveness lock; never mapped */
+    pthread_mutex_t mu;  /* joining, and our entry's rewrites */
+    pthread_mutex_t rmu; /* looks and the history */
+    int state;           /* 0 not tried, 1 joined, -1 unusable */
+    int fd;              /* the board; our entry's liveness lock is on this description */
+    int index;           /* our entry, 1..ENTRIES */
+    entry_t mine;        /* our entry as we last wrote it */
+    int64_t marked;      /* our last busy mark */
+    int waiting;         /* threads inside a wait for the GPU */
     char path[512];
+    entry_t copy[ENTRIES + 1];    /* the last look's private copy of the board */
+    struct seen seen[ENTRIES + 1];
     int64_t checked[ENTRIES + 1]; /* when each entry's liveness was last probed */
     char dead[ENTRIES + 1];       /* what that probe said */
+    int busy_now;                 /* others busy at the last look */
+    int64_t looked;               /* when the last look was */
+    int64_t running;              /* the others' busy ns, added up over our looks */
+    struct {
+        int64_t t, busy;
+    } hist[HIST]; /* [head - count, head) */
+    unsigned head, count;
 } boards[VGPU_MAX_DEVICES];
 static uint64_t nonce;
 static pthread_once_t init_once = PTHREAD_ONCE_INIT;
 
-/* the coarse clock for cheap looks (a tick behind at most), the precise one for what is stored */
 static int64_t mono_ns(void)
 {
     struct timespec ts;
@@ -101,69 +135,54 @@ static int64_t fine_ns(void)
     return (int64_t)ts.tv_sec * 1000000000ll + ts.tv_nsec;
 }
 
-static uint32_t us32(int64_t ns)
+static uint64_t checksum(const entry_t *e)
 {
-    return (uint32_t)(uint64_t)(ns / 1000);
-}
+    const uint64_t *w = (const uint64_t *)e;
+    uint64_t h = ENTRY_MAGIC;
+    size_t i;
 
-/* ---- our entry: writes bracketed by seq (odd meanwhile), our threads one at a time ---- */
-
-static uint32_t write_begin(entry_t *e)
-{
-    uint32_t s = __atomic_load_n(&e->seq, __ATOMIC_RELAXED) | 1u; /* odd even if a dead owner left it so */
-    __atomic_store_n(&e->seq, s, __ATOMIC_RELAXED);
-    __atomic_thread_fence(__ATOMIC_RELEASE);
-    return s;
-}
-
-static void write_end(entry_t *e, uint32_t s)
-{
-    __atomic_store_n(&e->seq, s + 1, __ATOMIC_RELEASE);
-}
-
-/* a fresh entry: idle, no history (claim) */
-static void fresh_entry(entry_t *e, int64_t now)
-{
-    uint32_t s = write_begin(e);
-    int i;
-    for (i = 0; i < PAST; i++) {
-        __atomic_store_n(&e->past[i][0], 0, __ATOMIC_RELAXED);
-        __atomic_store_n(&e->past[i][1], 0, __ATOMIC_RELAXED);
+    for (i = 0; i < offsetof(entry_t, sum) / sizeof *w; i++) {
+        h ^= w[i];
+        h *= 0xff51afd7ed558ccdull;
+        h ^= h >> 33;
     }
-    __atomic_store_n(&e->since, now, __ATOMIC_RELAXED);
-    __atomic_store_n(&e->busy_until, now, __ATOMIC_RELAXED);
-    write_end(e, s);
+    return h | 1; /* never 0: an all-zero entry never checks */
 }
 
-/* wmu held: our busy stretch now ends at `until` (>= now). One that had ended before now goes
- * into the history (unless empty) and a new one begins now. */
-static void stretch_locked(entry_t *e, int64_t now, int64_t until)
-{
-    uint32_t s = write_begin(e);
-    int64_t end = __atomic_load_n(&e->busy_until, __ATOMIC_RELAXED);
-    int64_t since = __atomic_load_n(&e->since, __ATOMIC_RELAXED);
-    int i, j;
+/* ---- our entry ---- */
 
-    if (end < now) {
-        if (since > 0 && end > since) {
-            for (i = PAST - 1; i > 0; i--)
-                for (j = 0; j < 2; j++)
-                    __atomic_store_n(&e->past[i][j], __atomic_load_n(&e->past[i - 1][j], __ATOMIC_RELAXED),
-                                     __ATOMIC_RELAXED);
-            __atomic_store_n(&e->past[0][0], us32(since), __ATOMIC_RELAXED);
-            __atomic_store_n(&e->past[0][1], us32(end), __ATOMIC_RELAXED);
-        }
-        __atomic_store_n(&e->since, now, __ATOMIC_RELAXED);
+/* mu held: write our whole entry (a zeroed or junk copy in the file is mended by it) */
+static void put_mine(struct board *b)
+{
+    b->mine.gen++;
+    b->mine.sum = checksum(&b->mine);
+    if (pwrite(b->fd, &b->mine, sizeof b->mine, (off_t)(sizeof(entry_t) * (size_t)b->index)) !=
+        (ssize_t)sizeof b->mine) {
+        /* a full disk or a file made read-only: the next mark tries again */
     }
-    __atomic_store_n(&e->busy_until, until, __ATOMIC_RELAXED);
-    write_end(e, s);
+}
+
+/* mu held: our busy stretch now ends at `until` (>= now); one that had ended before now is added
+ * to the running sum and a new one begins now */
+static void stretch_locked(struct board *b, int64_t now, int64_t until)
+{
+    entry_t *e = &b->mine;
+
+    if (e->until < now) {
+        if (e->until > e->since)
+            e->total += e->until - e->since;
+        e->since = now;
+    }
+    e->until = until;
+    put_mine(b);
 }
 
 static void stretch(struct board *b, int64_t now, int64_t until)
 {
-    pthread_mutex_lock(&b->wmu);
-    stretch_locked(b->mine, now, until);
-    pthread_mutex_unlock(&b->wmu);
+    pthread_mutex_lock(&b->mu);
+    if (b->state > 0)
+        stretch_locked(b, now, until);
+    pthread_mutex_unlock(&b->mu);
 }
 
 static void new_nonce(void)
@@ -175,25 +194,24 @@ static void new_nonce(void)
         nonce = 1;
 }
 
-/* at exit: our stretch ends now (its history stays true for readers), and the entry is free */
+/* at exit: our stretch ends now and the entry is free (the kernel drops the lock with the process); the
+ * owner word stays, so a reader still counts what we did since its last look */
 static void release_all(void)
 {
-    int d, tries;
+    int d;
     for (d = 0; d < VGPU_MAX_DEVICES; d++) {
         struct board *b = &boards[d];
-        entry_t *e = b->mine;
-        uint64_t me = nonce;
         int64_t now = fine_ns();
-        if (!e)
-            continue;
-        for (tries = 0; tries < 1000 && pthread_mutex_trylock(&b->wmu) != 0; tries++)
-            sched_yield(); /* a thread of ours is writing it (a few stores); never wait for good at exit */
-        if (tries < 1000) {
-            if (__atomic_load_n(&e->busy_until, __ATOMIC_RELAXED) > now)
-                stretch_locked(e, now, now);
-            pthread_mutex_unlock(&b->wmu);
-        }
-        __atomic_compare_exchange_n(&e->owner, &me, 0, 0, __ATOMIC_RELEASE, __ATOMIC_RELAXED);
+        if (__atomic_load_n(&b->state, __ATOMIC_ACQUIRE) <= 0 || pthread_mutex_trylock(&b->mu) != 0)
+            continue; /* a thread of ours is writing it: never wait at exit */
+        if (b->mine.until > now)
+            b->mine.until = now;
+        if (b->mine.until > b->mine.since)
+            b->mine.total += b->mine.until - b->mine.since;
+        b->mine.since = b->mine.until = now;
+        b->mine.freed = 1;
+        put_mine(b);
+        pthread_mutex_unlock(&b->mu);
     }
 }
 
@@ -204,16 +222,19 @@ static void atfork_child(void)
     pthread_mutex_t fresh = PTHREAD_MUTEX_INITIALIZER;
     new_nonce();
     for (d = 0; d < VGPU_MAX_DEVICES; d++) {
-        boards[d].mu = fresh;
-        boards[d].wmu = fresh;
-        boards[d].mine = 0;
-        boards[d].marked = 0;
-        boards[d].waiting = 0;
-        if (boards[d].fd >= 0)
-            close(boards[d].fd); /* the parent's description: its lock stays the parent's */
-        boards[d].fd = -1;
-        if (boards[d].state > 0)
-            boards[d].state = 0; /* the mapping is inherited; claim a new entry in it */
+        struct board *b = &boards[d];
+        b->mu = fresh;
+        b->rmu = fresh;
+        if (b->fd >= 0)
+            close(b->fd); /* the parent's description: its lock stays the parent's */
+        b->fd = -1;
+        b->marked = 0;
+        b->waiting = 0;
+        b->looked = 0;
+        b->count = 0;
+        memset(b->seen, 0, sizeof b->seen);
+        if (b->state > 0)
+            b->state = 0; /* join again, with an entry of its own */
     }
 }
 
@@ -222,7 +243,7 @@ static void init(void)
     int d;
     for (d = 0; d < VGPU_MAX_DEVICES; d++) {
         pthread_mutex_init(&boards[d].mu, 0);
-        pthread_mutex_init(&boards[d].wmu, 0);
+        pthread_mutex_init(&boards[d].rmu, 0);
         boards[d].fd = -1;
     }
     new_nonce();
@@ -230,46 +251,40 @@ static void init(void)
     atexit(release_all);
 }
 
-static entry_t *map_board(const char *path, int *keep_fd)
+/* the board's file, created by the first process of the node (0666, allocated so a full disk shows
+ * now), else opened as it is: a regular file of one name, never a symlink; -1 when unusable */
+static int open_file(const char *path)
 {
     struct stat st;
-    entry_t *m;
-    uint64_t zero = 0;
-    int fd = open(path, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK, 0666);
+    entry_t head;
+    int fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
 
-    if (fd < 0) {
+    if (fd >= 0) {
+        memset(&head, 0, sizeof head);
+        head.owner = BOARD_MAGIC;
+        if (fchmod(fd, 0666) != 0 || posix_fallocate(fd, 0, (off_t)BOARD_SIZE) != 0 ||
+            pwrite(fd, &head, sizeof head, 0) != (ssize_t)sizeof head) {
+            unlink(path);
+            close(fd);
+            return -1;
+        }
+        return fd;
+    }
+    if (errno != EEXIST || (fd = open(path, O_RDWR | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK)) < 0) {
         VGPU_INFO("no GPU activity board at %s (%s): kernels are charged as if this process were alone", path,
                   strerror(errno));
-        return 0;
+        return -1;
     }
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || (st.st_size != 0 && st.st_size != (off_t)BOARD_SIZE)) {
-        VGPU_WARN("ignoring the GPU activity board %s: not a regular file of %zu bytes", path, BOARD_SIZE);
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_nlink != 1) {
+        VGPU_WARN("ignoring the GPU activity board %s: not a regular file of one name; remove it", path);
         close(fd);
-        return 0;
+        return -1;
     }
-    if (st.st_uid == geteuid() && (st.st_mode & 0777) != 0666)
-        (void)fchmod(fd, 0666); /* every container's processes join it, whatever their uid */
-    /* allocated, not sparse: a full disk is found now, not as SIGBUS on a later store */
-    if (st.st_size == 0 && posix_fallocate(fd, 0, (off_t)BOARD_SIZE) != 0) {
-        close(fd);
-        return 0;
-    }
-    m = mmap(0, BOARD_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    close(fd);
-    if (m == MAP_FAILED)
-        return 0;
-    *keep_fd = open(path, O_RDWR | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK); /* for the locks, never mapped */
-    __atomic_compare_exchange_n(&m[0].owner, &zero, BOARD_MAGIC, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
-    if (__atomic_load_n(&m[0].owner, __ATOMIC_ACQUIRE) != BOARD_MAGIC) {
-        VGPU_WARN("ignoring the GPU activity board %s: not written by vgpu-patch", path);
-        munmap(m, BOARD_SIZE);
-        return 0;
-    }
-    return m;
+    return fd;
 }
 
 /* an entry's liveness lock: one byte past the board's end, an OFD lock (dropped by the kernel when its
- * holder dies). take: 0 taken (or no OFD locks here), -1 a living process holds it. probe: 1 someone
+ * holder dies). take: 0 taken, -1 not (someone living holds it, or no OFD locks here). probe: 1 someone
  * holds it, 0 nobody does (its owner is gone), -1 cannot tell (then the owner counts as alive). */
 static int live_lock(int fd, int i, short type, int probe)
 {
@@ -281,34 +296,28 @@ static int live_lock(int fd, int i, short type, int probe)
     l.l_start = (off_t)(BOARD_SIZE + (size_t)i);
     l.l_len = 1;
     if (fcntl(fd, probe ? F_OFD_GETLK : F_OFD_SETLK, &l) != 0)
-        return probe ? -1 : (errno == EAGAIN || errno == EACCES) ? -1 : 0;
+        return -1;
     return probe ? l.l_type != F_UNLCK : 0;
 }
 
-/* a free entry, or a stale one (its owner idle for STALE_NS, or its mark absurd) whose owner is gone;
- * one freed in the last KEEP_NS only when nothing else is left: its history may still be read */
-static entry_t *claim(struct board *b, int64_t now)
+/* mu held: the first entry whose liveness lock nobody holds is ours, whatever the file says of it */
+static int claim(struct board *b, int64_t now)
 {
-    int i, pass;
-    for (pass = 0; pass < 2; pass++)
-        for (i = 1; i <= ENTRIES; i++) {
-            entry_t *e = &b->all[i];
-            uint64_t seen = __atomic_load_n(&e->owner, __ATOMIC_ACQUIRE);
-            int64_t busy = __atomic_load_n(&e->busy_until, __ATOMIC_RELAXED);
-            if (seen == 0 && !pass && busy > now - KEEP_NS && busy <= now)
-                continue;
-            if ((seen == 0 || busy < now - STALE_NS || busy > now + STALE_NS) &&
-                (b->fd < 0 || live_lock(b->fd, i, F_WRLCK, 0) == 0) && /* held by the living: not stale */
-                __atomic_compare_exchange_n(&e->owner, &seen, nonce, 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED)) {
-                e->pid = (int32_t)getpid();
-                fresh_entry(e, now);
-                return e;
-            }
-            if (b->fd >= 0)
-                live_lock(b->fd, i, F_UNLCK, 0);
+    int i;
+    for (i = 1; i <= ENTRIES; i++)
+        if (live_lock(b->fd, i, F_WRLCK, 0) == 0) {
+            memset(&b->mine, 0, sizeof b->mine);
+            b->mine.owner = nonce;
+            b->mine.since = b->mine.until = b->mine.born = now;
+            b->mine.pid = (int32_t)getpid();
+            b->index = i;
+            put_mine(b);
+            return 0;
         }
-    return 0;
+    return -1;
 }
+
+static void look_locked(struct board *b, int64_t now);
 
 static void open_board(struct board *b, int dev, const char *key)
 {
@@ -325,14 +334,20 @@ static void open_board(struct board *b, int dev, const char *key)
         clean[n++] = ((key[i] >= 'a' && key[i] <= 'z') || (key[i] >= 'A' && key[i] <= 'Z') ||
                       (key[i] >= '0' && key[i] <= '9') || key[i] == '-') ? key[i] : '_';
     clean[n] = 0;
-    snprintf(b->path, sizeof b->path, "%s/vgpu-patch-activity-%s", dir, clean);
-    if (!(b->all = map_board(b->path, &b->fd)))
+    if (!b->path[0])
+        snprintf(b->path, sizeof b->path, "%s/" FILE_PREFIX "%s", dir, clean);
+    if ((b->fd = open_file(b->path)) < 0)
         return;
-    if (!(b->mine = claim(b, fine_ns()))) {
+    if (claim(b, fine_ns()) != 0) {
         VGPU_INFO("GPU activity board %s is full: device %d's kernels are charged as if alone", b->path, dev);
-        return; /* the mapping stays: we can still read the others */
+        close(b->fd);
+        b->fd = -1;
+        return;
     }
-    b->state = 1;
+    pthread_mutex_lock(&b->rmu);
+    look_locked(b, fine_ns()); /* the history starts at the join */
+    pthread_mutex_unlock(&b->rmu);
+    __atomic_store_n(&b->state, 1, __ATOMIC_RELEASE);
 }
 
 VGPU_HIDDEN int vgpu_board_join(int dev, const char *key)
@@ -346,14 +361,8 @@ VGPU_HIDDEN int vgpu_board_join(int dev, const char *key)
     if (VGPU_LIKELY(__atomic_load_n(&b->state, __ATOMIC_ACQUIRE)))
         return b->state > 0 ? 0 : -1;
     pthread_mutex_lock(&b->mu);
-    if (!b->state) {
-        if (b->all && !b->mine) { /* a fork child: the mapping is ours already, its own lock is not */
-            b->fd = open(b->path, O_RDWR | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
-            b->state = (b->mine = claim(b, fine_ns())) ? 1 : -1;
-        }
-        else
-            open_board(b, dev, key);
-    }
+    if (!b->state)
+        open_board(b, dev, key);
     pthread_mutex_unlock(&b->mu);
     return b->state > 0 ? 0 : -1;
 }
@@ -376,7 +385,7 @@ VGPU_HIDDEN void vgpu_board_mark(int dev)
     __atomic_store_n(&b->marked, now, __ATOMIC_RELAXED);
     now = fine_ns();
     if (!__atomic_load_n(&b->waiting, __ATOMIC_RELAXED) &&
-        now + BUSY_NS > __atomic_load_n(&b->mine->busy_until, __ATOMIC_RELAXED))
+        now + BUSY_NS > __atomic_load_n(&b->mine.until, __ATOMIC_RELAXED))
         stretch(b, now, now + BUSY_NS);
 }
 
@@ -389,7 +398,7 @@ VGPU_HIDDEN void vgpu_board_until(int dev, int64_t until)
         return;
     if (until > now + HOLD_NS)
         until = now + HOLD_NS;
-    if (until > __atomic_load_n(&b->mine->busy_until, __ATOMIC_RELAXED) + MARK_EVERY_NS)
+    if (until > __atomic_load_n(&b->mine.until, __ATOMIC_RELAXED) + MARK_EVERY_NS)
         stretch(b, now, until);
 }
 
@@ -418,112 +427,172 @@ VGPU_HIDDEN void vgpu_board_release(int dev)
     }
 }
 
+/* ---- reading the others ---- */
+
 /* its owner died (nobody holds its liveness lock): probed at most every LIVENESS_EVERY_NS */
 static int entry_dead(struct board *b, int i, int64_t now)
 {
-    if (b->fd >= 0 && now - b->checked[i] > LIVENESS_EVERY_NS) {
+    if (now - b->checked[i] > LIVENESS_EVERY_NS) {
         b->dead[i] = live_lock(b->fd, i, F_WRLCK, 1) == 0;
         b->checked[i] = now;
     }
     return b->dead[i];
 }
 
-/* a mark this far ahead was not written by us: ignored */
-static int absurd(int64_t busy, int64_t now)
+/* an entry that checks and whose times make sense at `now`; its running sum (busy ns up to now) */
+static int readable(const entry_t *e, int64_t now, int64_t *running)
 {
-    return busy > now + HOLD_NS + MARK_EVERY_NS;
+    int64_t upto;
+
+    if (e->sum != checksum(e) || !e->owner || e->owner == BOARD_MAGIC || e->born <= 0 || e->born > now ||
+        e->since < e->born || e->since > now || e->until < e->since || e->until > now + HOLD_NS + MARK_EVERY_NS ||
+        e->total < 0 || e->total > e->since - e->born)
+        return 0;
+    upto = e->until < now ? e->until : now; /* the rest of the stretch is a promise */
+    *running = e->total + (upto - e->since);
+    return 1;
+}
+
+/* rmu held: how much entry i's owner was busy since our last look (dt ago), by its running sum, or by
+ * its last rate while it reads as junk; 0 for one we only begin to follow */
+static int64_t grew(struct board *b, int i, const entry_t *e, int ok, int64_t running, int64_t now, int64_t dt)
+{
+    struct seen *s = &b->seen[i];
+    int64_t d, span;
+
+    if (!ok) {
+        if (!s->owner || entry_dead(b, i, now)) {
+            s->owner = 0;
+            return 0;
+        }
+        /* alive, unreadable now: busy as far as its stretch reached, then as busy as it lately was */
+        d = now <= s->until ? dt : dt * s->rate_ppm / 1000000;
+        s->guessed += d;
+        return d;
+    }
+    if (s->owner != e->owner) { /* new to us: only what it did since it took the entry, and since our last look */
+        span = now - (e->born > b->looked ? e->born : b->looked);
+        d = !b->looked ? 0 : running < span ? running : span;
+        s->rate_ppm = now > e->born ? running * 1000000 / (now - e->born) : 0; /* its whole life's */
+    } else {
+        span = now - s->at;
+        d = running - s->running - s->guessed; /* the guess made meanwhile is replaced by the truth */
+        if (d > span - s->guessed)
+            d = span - s->guessed;
+    }
+    if (d < 0)
+        d = 0;
+    if (!e->freed && entry_dead(b, i, now))
+        d = 0; /* died: when, nobody can tell, and its last mark may reach far ahead */
+    s->owner = e->owner;
+    s->until = e->freed ? 0 : e->until;
+    s->running = running;
+    s->at = now;
+    s->guessed = 0;
+    if (span > 0)
+        s->rate_ppm += (d * 1000000 / span - s->rate_ppm) / 4;
+    return d;
+}
+
+/* rmu held: look at the board now; add the others' growth to the history */
+static void look_locked(struct board *b, int64_t now)
+{
+    ssize_t n = pread(b->fd, b->copy, sizeof b->copy, 0);
+    int64_t dt = b->looked ? now - b->looked : 0, sum = 0, running;
+    int i, ok, busy = 0;
+
+    if (n < 0)
+        n = 0;
+    for (i = 1; i <= ENTRIES; i++) {
+        const entry_t *e = &b->copy[i];
+        if (i == b->index)
+            continue;
+        ok = (size_t)n >= sizeof(entry_t) * (size_t)(i + 1) && readable(e, now, &running);
+        sum += grew(b, i, e, ok, ok ? running : 0, now, dt);
+        if (ok)
+            b->seen[i].busy = !e->freed && e->until > now && !entry_dead(b, i, now);
+        busy += b->seen[i].owner && b->seen[i].busy; /* junk now: as it was at the last readable look */
+    }
+    if (sum > dt * MAX_OTHERS)
+        sum = dt * MAX_OTHERS;
+    b->busy_now = busy < MAX_OTHERS ? busy : MAX_OTHERS;
+    b->running += sum;
+    b->looked = now;
+    if (b->count && now - b->hist[(b->head - 1) % HIST].t < SAMPLE_EVERY_NS) {
+        b->hist[(b->head - 1) % HIST].t = now; /* too close: the last sample moves up */
+        b->hist[(b->head - 1) % HIST].busy = b->running;
+        return;
+    }
+    b->hist[b->head % HIST].t = now;
+    b->hist[b->head % HIST].busy = b->running;
+    b->head++;
+    if (b->count < HIST)
+        b->count++;
+}
+
+VGPU_HIDDEN void vgpu_board_sample(int dev)
+{
+    struct board *b;
+
+    if (vgpu_board_state(dev) <= 0)
+        return;
+    b = &boards[dev];
+    pthread_mutex_lock(&b->rmu);
+    look_locked(b, fine_ns());
+    pthread_mutex_unlock(&b->rmu);
 }
 
 VGPU_HIDDEN int vgpu_board_others(int dev)
 {
-    struct board *b;
-    int64_t now;
-    int i, n = 0;
+    int n;
 
-    if (dev < 0 || dev >= VGPU_MAX_DEVICES || __atomic_load_n(&boards[dev].state, __ATOMIC_ACQUIRE) <= 0)
+    if (vgpu_board_state(dev) <= 0)
         return 0;
-    b = &boards[dev];
-    now = mono_ns();
-    for (i = 1; i <= ENTRIES; i++) {
-        entry_t *e = &b->all[i];
-        int64_t busy;
-        if (e == b->mine || !__atomic_load_n(&e->owner, __ATOMIC_RELAXED))
-            continue;
-        busy = __atomic_load_n(&e->busy_until, __ATOMIC_RELAXED);
-        if (busy <= now || absurd(busy, now))
-            continue;
-        n += !entry_dead(b, i, now);
-    }
+    pthread_mutex_lock(&boards[dev].rmu);
+    n = boards[dev].busy_now;
+    pthread_mutex_unlock(&boards[dev].rmu);
     return n;
 }
 
-static int64_t overlap(int64_t a, int64_t z, int64_t t0, int64_t t1)
+/* rmu held: the others' busy ns added up to time t, interpolated between looks; -1 before the first */
+static int64_t busy_at(const struct board *b, int64_t t)
 {
-    int64_t lo = a > t0 ? a : t0, hi = z < t1 ? z : t1;
-    return hi > lo ? hi - lo : 0;
-}
+    unsigned lo = b->head - b->count, hi = b->head - 1, mid;
+    int64_t t0, t1, v0, v1;
 
-/* how long entry e's owner was busy within [t0, t1] (t1 <= now), by its stretches; -1 when it has
- * no history (an older build's entry) or is being rewritten */
-static int64_t busy_within(const entry_t *e, int64_t t0, int64_t t1, int64_t now)
-{
-    uint32_t s1 = 1, s2 = 0, past[PAST][2], base;
-    int64_t since = 0, until = 0, sum, a, z;
-    int tries, i;
-
-    for (tries = 0; tries < 4 && (s1 != s2 || (s1 & 1u)); tries++) {
-        s1 = __atomic_load_n(&e->seq, __ATOMIC_ACQUIRE);
-        since = __atomic_load_n(&e->since, __ATOMIC_RELAXED);
-        until = __atomic_load_n(&e->busy_until, __ATOMIC_RELAXED);
-        for (i = 0; i < PAST; i++) {
-            past[i][0] = __atomic_load_n(&e->past[i][0], __ATOMIC_RELAXED);
-            past[i][1] = __atomic_load_n(&e->past[i][1], __ATOMIC_RELAXED);
-        }
-        __atomic_thread_fence(__ATOMIC_ACQUIRE);
-        s2 = __atomic_load_n(&e->seq, __ATOMIC_RELAXED);
-    }
-    if (s1 != s2 || (s1 & 1u) || since <= 0 || since > now || absurd(until, now))
+    if (!b->count || t < b->hist[lo % HIST].t)
         return -1;
-    sum = overlap(since, until < now ? until : now, t0, t1); /* the rest of the stretch is a promise */
-    base = us32(since);
-    for (i = 0; i < PAST && (past[i][0] || past[i][1]); i++) {
-        a = since - (int64_t)(uint32_t)(base - past[i][0]) * 1000;
-        z = since - (int64_t)(uint32_t)(base - past[i][1]) * 1000;
-        if (z <= t0)
-            break; /* older stretches ended earlier still */
-        sum += overlap(a, z, t0, t1);
+    if (t >= b->hist[hi % HIST].t)
+        return b->hist[hi % HIST].busy;
+    while (hi - lo > 1) { /* hist[lo].t <= t < hist[hi].t */
+        mid = lo + (hi - lo) / 2;
+        if (b->hist[mid % HIST].t <= t)
+            lo = mid;
+        else
+            hi = mid;
     }
-    return sum < t1 - t0 ? sum : t1 - t0;
+    t0 = b->hist[lo % HIST].t, t1 = b->hist[hi % HIST].t;
+    v0 = b->hist[lo % HIST].busy, v1 = b->hist[hi % HIST].busy;
+    return v0 + (v1 - v0) * (t - t0) / (t1 - t0);
 }
 
 VGPU_HIDDEN int64_t vgpu_board_busy(int dev, int64_t t0, int64_t t1)
 {
     struct board *b;
-    int64_t now, sum = 0, v, until;
-    uint64_t owner;
-    int i;
+    int64_t a, z;
 
-    if (dev < 0 || dev >= VGPU_MAX_DEVICES || __atomic_load_n(&boards[dev].state, __ATOMIC_ACQUIRE) <= 0)
+    if (vgpu_board_state(dev) <= 0)
         return 0;
-    b = &boards[dev];
-    now = fine_ns();
-    if (t1 > now)
-        t1 = now;
     if (t0 >= t1)
         return 0;
-    for (i = 1; i <= ENTRIES; i++) {
-        entry_t *e = &b->all[i];
-        if (e == b->mine)
-            continue;
-        owner = __atomic_load_n(&e->owner, __ATOMIC_ACQUIRE);
-        if (owner && entry_dead(b, i, now))
-            continue; /* died: when, nobody can tell, and its last mark may reach far ahead */
-        v = busy_within(e, t0, t1, now); /* a freed entry's history is still true */
-        if (v < 0) { /* no history: busy at the end counts for the whole interval */
-            until = __atomic_load_n(&e->busy_until, __ATOMIC_RELAXED);
-            v = owner && until > now && !absurd(until, now) ? t1 - t0 : 0;
-        }
-        sum += v;
-    }
-    return sum;
+    b = &boards[dev];
+    pthread_mutex_lock(&b->rmu);
+    if (t1 > b->looked)
+        t1 = b->looked; /* past our last look nothing is known yet */
+    a = busy_at(b, t0);
+    z = t0 < t1 ? busy_at(b, t1) : a;
+    pthread_mutex_unlock(&b->rmu);
+    if (a < 0 || z < 0)
+        return -1;
+    return z - a;
 }

@@ -19,10 +19,12 @@ VGPU_HIDDEN void vgpu_board_until(int dev, int64_t until);
 /* a thread of ours waits for the GPU (work is queued): busy until the matching release */
 VGPU_HIDDEN void vgpu_board_hold(int dev);
 VGPU_HIDDEN void vgpu_board_release(int dev);
-/* how many other processes marked dev busy and still are (0 without a board) */
+/* look at the board now: the others' busy time since the last look goes into this process's history */
+VGPU_HIDDEN void vgpu_board_sample(int dev);
+/* how many other processes were busy on dev at the last look (0 without a board) */
 VGPU_HIDDEN int vgpu_board_others(int dev);
 /* how long other processes were busy on dev within [t0, t1] (CLOCK_MONOTONIC ns), summed over them,
- * each at most t1 - t0 (0 without a board) */
+ * by this process's looks (0 without a board; -1 when t0 is before its first look) */
 VGPU_HIDDEN int64_t vgpu_board_busy(int dev, int64_t t0, int64_t t1);
 
 #endif

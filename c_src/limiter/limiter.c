@@ -93,6 +93,7 @@
 #define SOLO 256             /* kernels remembered per device (direct-mapped by their shape) */
 #define REF_EVERY_NS 4000000000ll /* the reference event is recorded afresh: drift and float precision */
 #define MAP_SLACK_NS 200000ll     /* a mapped end later than this past the harvest: the mapping is off */
+#define CENSUS_NS 250000000ll     /* NVML's process count is asked again after this long */
 
 VGPU_HIDDEN int vgpu_limiter_enabled = 0;
 
@@ -127,6 +128,8 @@ struct dev_state {
         long long least; /* the least E seen */
         long long alone; /* the least E measured alone, -1 never */
     } solo[SOLO]; /* per launch shape (mu) */
+    int census;           /* other processes on the device, NVML says (mu); -1 unknown */
+    long long census_at;  /* when it was asked */
 };
 
 static struct dev_state dev_state[VGPU_MAX_DEVICES];
@@ -333,7 +336,7 @@ static unsigned solo_slot(uint64_t sig)
 
 /* mu held: our own share of a measured launch that held its stream for e ns (see the top), others
  * busy beside it k_milli / 1000 - 1 on average (0: nobody at any time) */
-static long long own_share(struct dev_state *st, const struct pair *p, long long e, long long k_milli)
+static long long own_share(struct dev_state *st, const struct pair *p, long long e, long long k_milli, int sure)
 {
     unsigned i = solo_slot(p->sig);
     long long least = -1, alone = -1, share, floor;
@@ -348,7 +351,7 @@ static long long own_share(struct dev_state *st, const struct pair *p, long long
     if (least < 0 || e < least)
         st->solo[i].least = least = e;
     if (k_milli <= 1000) { /* alone the whole time: E is the truth */
-        if (alone < 0 || e < alone) /* the least: a neighbour that joined unseen only ever adds */
+        if (sure && (alone < 0 || e < alone)) /* the least: a neighbour that joined unseen only ever adds */
             st->solo[i].alone = e;
         return e;
     }
@@ -392,17 +395,46 @@ static void when_ran(struct dev_state *st, const struct pair *p, long long e, lo
     *from = *to - e > p->t0 ? *to - e : p->t0;
 }
 
-/* how many contexts, on average and ours included, in thousandths, were busy within [from, to] */
-static long long contexts_milli(int dev, long long from, long long to)
+/* mu held: the GPU's own count of other processes on dev (NVML), at most CENSUS_NS old; -1 unknown.
+ * No file a neighbour writes can raise it, so it bounds what the board may claim. None seen counts as
+ * unknown: an NVML that cannot see other pid namespaces lists only us, and capping by it would charge
+ * every stretched kernel in full. */
+static int census(struct dev_state *st, int dev, long long now)
 {
-    long long busy, k;
+    int n;
 
+    if (st->census_at && now - st->census_at < CENSUS_NS)
+        return st->census;
+    st->census_at = now;
+    n = ops.gpu_procs ? ops.gpu_procs(dev) : -1;
+    return st->census = n > 1 ? n - 1 : -1; /* we are one of them */
+}
+
+/* mu held: how many contexts, on average and ours included, in thousandths, were busy within
+ * [from, to]; *sure is 0 when the board's history does not reach back that far (then the others
+ * busy now stand in) */
+static long long contexts_milli(struct dev_state *st, int dev, long long from, long long to, int *sure)
+{
+    long long busy, k, cap;
+    int n;
+
+    *sure = 1;
     if (to <= from)
         return 1000;
     busy = vgpu_board_busy(dev, from, to);
-    k = 1000 + (busy > 0 ? busy * 1000 / (to - from) : 0);
-    if (busy > 0 && k == 1000)
-        k = 1001; /* someone was busy meanwhile: not alone */
+    if (busy < 0) {
+        *sure = 0;
+        k = 1000 + 1000ll * vgpu_board_others(dev);
+    } else {
+        k = 1000 + (busy > 0 ? busy * 1000 / (to - from) : 0);
+        if (busy > 0 && k == 1000)
+            k = 1001; /* someone was busy meanwhile: not alone */
+    }
+    if (k > 1000 && (n = census(st, dev, to)) >= 0) {
+        cap = 1000ll * (1 + n);
+        if (k > cap)
+            k = cap > 1000 ? cap : 1000; /* the board claims more busy neighbours than the GPU has processes */
+    }
     return k < MAX_K * 1000 ? k : MAX_K * 1000;
 }
 
@@ -410,9 +442,11 @@ static long long contexts_milli(int dev, long long from, long long to)
  * (for the sampling rate) says whether others are busy now or were during the last one */
 static void harvest(struct dev_state *st, vgpu_ledger_t *b, int dev)
 {
-    int others = vgpu_board_others(dev);
     long long now = now_ns();
+    int others, sure;
 
+    vgpu_board_sample(dev); /* the others' busy time up to now, before any launch is placed */
+    others = vgpu_board_others(dev);
     while (st->tail != st->head) {
         struct pair *p = &st->ring[st->tail % RING];
         long long ns, est, k, from, to;
@@ -428,10 +462,10 @@ static void harvest(struct dev_state *st, vgpu_ledger_t *b, int dev)
         est = __atomic_load_n(&st->held_ns, __ATOMIC_RELAXED);
         __atomic_store_n(&st->held_ns, est <= 0 ? ns : est + (ns - est) / 4, __ATOMIC_RELAXED);
         when_ran(st, p, ns, now, &from, &to);
-        k = contexts_milli(dev, from, to);
+        k = contexts_milli(st, dev, from, to, &sure);
         if (k > 1000 && !others)
             others = 1;
-        ns = own_share(st, p, ns, k);
+        ns = own_share(st, p, ns, k, sure);
         charge(st, b, ns);
         est = __atomic_load_n(&st->est_ns[p->graph], __ATOMIC_RELAXED);
         __atomic_store_n(&st->est_ns[p->graph], est < 0 ? ns : est + (ns - est) / 4, __ATOMIC_RELAXED);

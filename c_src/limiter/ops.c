@@ -2,6 +2,7 @@
  * part of the interposed surface, so they are looked up directly (optional: a driver without them
  * leaves the limiter off rather than failing launches). */
 #include "accounting/device.h"
+#include "accounting/overhead.h"
 #include "driver/real.h"
 #include "limiter/limiter_int.h"
 
@@ -20,6 +21,7 @@ VGPU_HIDDEN int vgpu_limiter_ops_load(vgpu_limiter_ops_t *ops)
     ops->ctx_get_current = REAL(cuCtxGetCurrent);
     ops->device_count = REAL(cuDeviceGetCount);
     ops->device_key = vgpu_dev_uuid;
+    ops->gpu_procs = vgpu_overhead_gpu_procs;
     ops->event_create = REAL(cuEventCreate);
     ops->event_record = (__typeof__(ops->event_record))sym("cuEventRecord");
     ops->event_query = (__typeof__(ops->event_query))sym("cuEventQuery");

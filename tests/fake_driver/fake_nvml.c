@@ -23,6 +23,9 @@
  *                                  context (NVML listing a new process late)
  *   FAKE_NVML_OTHERS_GROW=1        each process listing shows the others 2 MiB more than the one before
  *                                  (busy neighbours, allocating all the time)
+ *   FAKE_GPU=FILE                  the other processes of the shared time-sliced GPU (sim_gpu.h) are
+ *                                  listed as well, holding no memory, as the real NVML lists every
+ *                                  process with a context
  * Fault injection:
  *   FAKE_NVML_PROCS_FAIL=1         the process-list calls fail (NVML_ERROR_UNKNOWN), as on hosts
  *                                  where NVML cannot see other pid namespaces' processes
@@ -39,6 +42,7 @@
 #include <unistd.h>
 
 #include <nvml.h>
+#include "sim_gpu.h" /* FAKE_GPU: the shared GPU's processes */
 
 #define EXPORT __attribute__((visibility("default")))
 #define MAXDEV 16
@@ -368,9 +372,31 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t d, nvmlMemory_v2_t *
 /* NVML's protocol: *count in is the room, out the number there is; too little room (infos may be
  * NULL with *count == 0 to ask) is INSUFFICIENT_SIZE with the number needed. size picks the
  * record: the v1 one (pid, usedGpuMemory) or the v2 one (= v3: MIG instance ids as well). */
+/* the other processes of the FAKE_GPU file, up to max; their pids into pids */
+static unsigned sim_others(unsigned *pids, unsigned max)
+{
+    static struct sim_gpu *gpu;
+    const char *path = getenv("FAKE_GPU");
+    unsigned n = 0;
+    int fd, i;
+
+    if (!gpu && path && *path && (fd = open(path, O_RDONLY | O_CLOEXEC)) >= 0) {
+        void *m = mmap(0, sizeof *gpu, PROT_READ, MAP_SHARED, fd, 0);
+        close(fd);
+        if (m != MAP_FAILED)
+            gpu = m;
+    }
+    for (i = 0; gpu && i < SIM_PROCS && n < max; i++) {
+        int pid = __atomic_load_n(&gpu->proc[i].pid, __ATOMIC_RELAXED);
+        if (pid && pid != getpid())
+            pids[n++] = (unsigned)pid;
+    }
+    return n;
+}
+
 static nvmlReturn_t processes(nvmlDevice_t d, unsigned int *count, void *infos, size_t size)
 {
-    unsigned n = 0, need, nvisible;
+    unsigned n = 0, need, nvisible, sim_pids[SIM_PROCS], nsim;
     int own;
     slow();
     if (!count || !valid(d))
@@ -381,7 +407,8 @@ static nvmlReturn_t processes(nvmlDevice_t d, unsigned int *count, void *infos, 
     nvisible = others_there(d->index) ? nothers : 0;
     if (others_grow)
         __atomic_fetch_add(&grown, 2ull << 20, __ATOMIC_RELAXED);
-    need = nvisible + (own ? 1u : 0u);
+    nsim = sim_others(sim_pids, SIM_PROCS);
+    need = nvisible + (own ? 1u : 0u) + nsim;
     if (*count < need) {
         *count = need;
         return NVML_ERROR_INSUFFICIENT_SIZE;
@@ -394,6 +421,9 @@ static nvmlReturn_t processes(nvmlDevice_t d, unsigned int *count, void *infos, 
         if (own && i == 0) {
             pid = (unsigned)((long)getpid() + pid_offset);
             bytes = self_absurd ? 1ull << 53 : own_bytes(d->index);
+        } else if (i >= need - nsim) {
+            pid = sim_pids[i - (need - nsim)];
+            bytes = 0;
         } else {
             pid = others[i - (own ? 1u : 0u)].pid;
             bytes = others[i - (own ? 1u : 0u)].bytes + __atomic_load_n(&grown, __ATOMIC_RELAXED);

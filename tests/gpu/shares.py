@@ -19,6 +19,7 @@ LONG_ITERS, SHORT_ITERS = 1 << 18, 3000  # about 2.2 ms and 29 us a kernel on an
 class Container:
     limit: int | None  # CUDA_DEVICE_SM_LIMIT (or the MPS thread percentage); None: none
     procs: int = 1
+    arrives: float = 0.0  # seconds after the first container's loop began (a pod that starts later)
 
 
 def jain(xs: list[float]) -> float:
@@ -39,8 +40,12 @@ class ShareRunner:
         return env
 
     def run(self, containers: list[Container], iters: int, shim: bool = True, mps: bool = False) -> list[float]:
-        """Every process of every container at once; each container's share of a lone bare process."""
+        """Every process of every container, each container's loop beginning `arrives` seconds after the first
+        one's; each container's share of a lone bare process over one common window that opens a second after
+        the last arrival (so a late container meets the others busy, as a pod that starts later does)."""
         start_at = time.monotonic() + 2.5  # after every process has its context
+        last = max(c.arrives for c in containers)
+        window = (start_at + last + 1.0, start_at + last + 1.0 + self.seconds) if last else None
         tag = os.urandom(3).hex()
         procs: list[tuple[int, subprocess.Popen]] = []
         for c, spec in enumerate(containers):
@@ -55,8 +60,12 @@ class ShareRunner:
                 extra.update(CUDA_MPS_PIPE_DIRECTORY=pipe, CUDA_MPS_LOG_DIRECTORY=pipe)
                 if spec.limit:
                     extra["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(spec.limit)
+            if window:
+                extra["LOOP_WINDOW"] = f"{window[0]:.3f},{window[1]:.3f}"
+            begin = start_at + spec.arrives
+            seconds = window[1] + 0.2 - begin if window else self.seconds
             for _ in range(spec.procs):
-                p = subprocess.Popen([str(self.exe), "loop", str(self.seconds)], env=self._env(iters, start_at, extra),
+                p = subprocess.Popen([str(self.exe), "loop", f"{seconds:.3f}"], env=self._env(iters, begin, extra),
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                 procs.append((c, p))
         rates = [0.0] * len(containers)
@@ -65,7 +74,7 @@ class ShareRunner:
                 out, err = p.communicate(timeout=120)
                 assert p.returncode == 0, f"region_gpu loop exited {p.returncode}: {out}{err}"
                 kv = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
-                rates[c] += float(kv["kernels_per_s"])
+                rates[c] += float(kv["window_kernels_per_s" if window else "kernels_per_s"])
         finally:
             for _, p in procs:
                 if p.poll() is None:

@@ -6,7 +6,8 @@
  *                            blocks, JIT-compiled from PTX): launches, sync every 8; prints kernels/s.
  *                            SPIN_ITERS sets the chain's length (1<<18: about 2.2 ms a kernel on an
  *                            H200); LOOP_START_AT (CLOCK_MONOTONIC seconds) makes processes started
- *                            together begin their timed loops at the same instant
+ *                            together begin their timed loops at the same instant; LOOP_WINDOW=FROM,TO
+ *                            adds window_kernels_per_s, the rate within that common window
  * Prints key=value lines. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -72,9 +73,9 @@ static int do_loop(double seconds)
     CUfunction fn;
     CUdeviceptr out;
     unsigned iters = (unsigned)(getenv("SPIN_ITERS") ? atoi(getenv("SPIN_ITERS")) : 1 << 18);
-    int sms = 0, launched = 0;
+    int sms = 0, launched = 0, first_n = 0, last_n = 0;
     void *args[2];
-    double t0, t1;
+    double t0, t1, w0 = 1e300, w1 = -1, first_at = -1, last_at = -1;
     CUresult rc;
 
     if ((rc = p_cuModuleLoadData(&mod, PTX)) || (rc = p_cuModuleGetFunction(&fn, mod, "spin")) ||
@@ -95,6 +96,10 @@ static int do_loop(double seconds)
             nanosleep(&nap, 0);
         }
     }
+    /* LOOP_WINDOW=FROM,TO (CLOCK_MONOTONIC seconds): also the rate between the first synchronize at or
+     * after FROM and the last one at or before TO, a window common to processes started apart */
+    if (getenv("LOOP_WINDOW"))
+        sscanf(getenv("LOOP_WINDOW"), "%lf,%lf", &w0, &w1);
     t0 = now_s();
     t1 = t0;
     while (t1 - t0 < seconds) {
@@ -105,11 +110,17 @@ static int do_loop(double seconds)
         if (++launched % 8 == 0) {
             p_cuCtxSynchronize();
             t1 = now_s();
+            if (t1 >= w0 && first_at < 0)
+                first_at = t1, first_n = launched;
+            if (t1 <= w1)
+                last_at = t1, last_n = launched;
         }
     }
     p_cuCtxSynchronize();
     t1 = now_s();
     printf("sms=%d\nkernels=%d\nseconds=%.3f\nkernels_per_s=%.2f\n", sms, launched, t1 - t0, launched / (t1 - t0));
+    if (first_at >= 0 && last_at > first_at)
+        printf("window_kernels_per_s=%.2f\n", (last_n - first_n) / (last_at - first_at));
     return 0;
 }
 

@@ -1,9 +1,13 @@
 /* The SM limiter over a simulated GPU (not part of the shim). Runs a kernel loop through
  * vgpu_limiter_before_launch() exactly as the launch wrappers do and prints its wall time.
- *   limiter_sim MODE KERNEL_US COUNT      MODE: async (sync every 32 launches) | sync (after each)
+ *   limiter_sim MODE KERNEL_US COUNT      MODE: async (sync every SIM_SYNC_EVERY launches, 32 by
+ *                                               default) | sync (after each)
  *                                               | sparse (sync, then 4x the kernel time on the CPU)
  * Prints: enabled=<0|1> wall_ms=<float> gpu_ms=<float> kernels=<n>
  * SIM_SECONDS=S runs for S seconds instead of COUNT kernels (kernels= says how many ran).
+ *   limiter_sim observe FROM TO           with SIM_GPU: each process's GPU work done within [FROM, TO]
+ *                                         (CLOCK_MONOTONIC seconds), read from the GPU itself as NVML would
+ *                                         be from outside: one `pid=<pid> gpu_ms=<float>` line each
  * With VGPU_SIM_REGION=1 it first attaches the shared region (CUDA_DEVICE_MEMORY_SHARED_CACHE),
  * so the region's sm_limit, its compute ledger and the monitor's utilization_switch apply;
  * VGPU_SIM_REGION=find only prints which region file it would attach (found=).
@@ -189,8 +193,21 @@ static int key(int ordinal, char *out, size_t n)
     return 0;
 }
 
+/* the GPU's own count of its processes, as NVML would give it */
+static int procs(int ordinal)
+{
+    int i, n = 0;
+    (void)ordinal;
+    if (!shared)
+        return 1;
+    for (i = 0; i < SIM_PROCS; i++)
+        n += __atomic_load_n(&shared->proc[i].pid, __ATOMIC_RELAXED) != 0;
+    return n;
+}
+
 VGPU_HIDDEN int vgpu_limiter_ops_load(vgpu_limiter_ops_t *ops)
 {
+    ops->gpu_procs = procs;
     ops->device_count = count;
     ops->device_key = key;
     ops->ctx_get_device = get_device;
@@ -204,12 +221,48 @@ VGPU_HIDDEN int vgpu_limiter_ops_load(vgpu_limiter_ops_t *ops)
     return 0;
 }
 
+/* the work each process had done at `at` (the observer holds no row of its own) */
+static void done_at(long long at, int *pids, long long *done)
+{
+    int i;
+
+    sleep_until(at);
+    lock();
+    advance(now_ns());
+    for (i = 0; i < SIM_PROCS; i++) {
+        pids[i] = shared->proc[i].pid;
+        done[i] = shared->proc[i].done;
+    }
+    unlock();
+}
+
+static int observe(const char *gpu, double from, double to)
+{
+    int pids0[SIM_PROCS], pids1[SIM_PROCS], i;
+    long long done0[SIM_PROCS], done1[SIM_PROCS];
+
+    gpu_fd = open(gpu, O_RDWR | O_CLOEXEC);
+    if (gpu_fd < 0)
+        return 4;
+    shared = mmap(0, sizeof *shared, PROT_READ | PROT_WRITE, MAP_SHARED, gpu_fd, 0);
+    if (shared == MAP_FAILED)
+        return 4;
+    done_at((long long)(from * 1e9), pids0, done0);
+    done_at((long long)(to * 1e9), pids1, done1);
+    for (i = 0; i < SIM_PROCS; i++)
+        if (pids0[i] && pids0[i] == pids1[i])
+            printf("pid=%d gpu_ms=%.3f\n", pids0[i], (double)(done1[i] - done0[i]) / 1e6);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     long long k_ns, t0, start, stop = 0;
-    int i, n;
+    int i, n, sync_every = 32;
     const char *mode, *gpu = getenv("SIM_GPU"), *secs = getenv("SIM_SECONDS");
 
+    if (argc == 4 && !strcmp(argv[1], "observe") && gpu)
+        return observe(gpu, atof(argv[2]), atof(argv[3]));
     if (argc != 4)
         return 2;
     vgpu_log_init_from_env();
@@ -231,6 +284,8 @@ int main(int argc, char **argv)
             return 3;
     }
     mode = argv[1];
+    if (getenv("SIM_SYNC_EVERY") && atoi(getenv("SIM_SYNC_EVERY")) > 0)
+        sync_every = atoi(getenv("SIM_SYNC_EVERY"));
     k_ns = atoll(argv[2]) * 1000;
     n = atoi(argv[3]);
     t0 = now_ns();
@@ -249,7 +304,7 @@ int main(int argc, char **argv)
         pending = -1;
         if (__builtin_expect(vgpu_limiter_enabled, 0))
             vgpu_limiter_after_launch((CUstream)0);
-        if (!strcmp(mode, "sync") || !strcmp(mode, "sparse") || (i % 32 == 31))
+        if (!strcmp(mode, "sync") || !strcmp(mode, "sparse") || (i % sync_every == sync_every - 1))
             gpu_drain();
         if (!strcmp(mode, "sparse"))
             sleep_until(now_ns() + 4 * k_ns);
