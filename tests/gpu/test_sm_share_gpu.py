@@ -3,6 +3,9 @@ per container, fair between containers (tests/region/test_sm_share.py proves the
 simulated GPU in CI; bench/sm_share.py prints the whole table beside MPS)."""
 from __future__ import annotations
 
+import os
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -61,3 +64,32 @@ def test_a_late_container_gets_its_share(runner: ShareRunner, cs: list[Container
             assert 0.9 * c.limit / 100 * c2 <= share <= c.limit / 100 + 0.02, (c, share)
         else:
             assert share >= 0.9 * 0.5 * c2 * 0.9, share  # the unlimited one keeps about half
+
+
+@pytest.mark.parametrize("attack", ["truncate", "zero", "junk"])
+def test_a_vandalised_board_crashes_nobody(runner: ShareRunner, attack: str) -> None:
+    """A neighbour truncates (the old board, mapped, killed every launching process with SIGBUS: exit 135),
+    zeroes or junks the activity board every 200 us while two 50s run on the real driver: both exit 0 (the
+    runner asserts it) and keep most of their share."""
+    stop = threading.Event()
+    junk = os.urandom(64 * 64)
+
+    def vandal() -> None:
+        while not stop.is_set():
+            for board in runner.node.glob("vgpu-patch-activity2-*"):
+                with open(board, "r+b") as f:
+                    if attack == "truncate":
+                        f.truncate(0)
+                    else:
+                        f.write(b"\0" * len(junk) if attack == "zero" else junk)
+            time.sleep(0.0002)
+
+    t = threading.Thread(target=vandal, daemon=True)
+    t.start()
+    try:
+        got = runner.run([Container(50), Container(50)], LONG_ITERS)
+    finally:
+        stop.set()
+        t.join()
+    print(f"\nFIGURE vandalised board ({attack}): 50 / 50 -> {got}")
+    assert min(got) >= 0.85 * 0.5 * 0.9, got
