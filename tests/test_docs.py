@@ -16,7 +16,8 @@ ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 CLI_REF = ROOT / "docs" / "cli-reference.md"
 DOCS = [README, *sorted((ROOT / "docs").glob("*.md"))]
-FRESH_MACHINE = ["pip install -e '.[build]' && vgpu-patch demo", "bash .ci/run"]
+VENV_LINE = "python3 -m venv .venv && . .venv/bin/activate"
+FRESH_MACHINE = [VENV_LINE, "pip install -e '.[build]' && vgpu-patch demo", "bash .ci/run"]
 
 _FENCE = re.compile(r"^(```|~~~).*?^\1[ \t]*$", re.M | re.S)
 _LINK = re.compile(r"(?<!\!)\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
@@ -81,10 +82,31 @@ def test_readme_opens_with_the_fresh_machine_commands() -> None:
     assert sep and not intro.startswith(("```", "#")), "README.md: the intro paragraph must follow the title"
     sentences = re.findall(r"[^.!?]+[.!?](?=\s|$)", " ".join(intro.split()))
     assert len(sentences) == 3, f"README.md: the intro must be three sentences, found {len(sentences)}"
-    m = re.match(r"\s*```[a-z]*\n(.*?)\n```", rest, re.S)
+    assert _fresh_machine_commands(rest) == FRESH_MACHINE
+
+
+def _fresh_machine_commands(after_intro: str) -> list[str]:
+    m = re.match(r"\s*```[a-z]*\n(.*?)\n```", after_intro, re.S)
     assert m, "README.md: the block of fresh-machine commands must come right after the intro"
     commands = [ln.split("#", 1)[0].strip() for ln in m.group(1).splitlines()]
-    assert [c for c in commands if c] == FRESH_MACHINE
+    return [c for c in commands if c]
+
+
+def test_readme_first_line_gives_a_venv_where_pip_installs(tmp_path: Path) -> None:
+    """The block's first line, run by sh as written in a fresh directory: the shell is then in a new virtual
+    environment, so the next line's `pip install` works even where python3 is externally managed (PEP 668).
+    The install itself needs the package index: CI's run of `.ci/run` in such a venv covers it."""
+    text = README.read_text()
+    first = _fresh_machine_commands(text[text.index("```"):])[0]
+    assert first == VENV_LINE
+    probe = "python3 -c 'import sys; print(sys.prefix)'; command -v pip; echo \"VIRTUAL_ENV=$VIRTUAL_ENV\""
+    p = subprocess.run(["sh", "-c", f"{first} && {probe}"], cwd=tmp_path, capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 0, p.stderr
+    venv = (tmp_path / ".venv").resolve()
+    prefix, pip, virtual_env = p.stdout.split("\n")[:3]
+    assert Path(prefix).resolve() == venv and Path(pip).resolve().parent == venv / "bin", p.stdout
+    assert Path(virtual_env.removeprefix("VIRTUAL_ENV=")).resolve() == venv
 
 
 def test_cli_reference_generator_covers_every_command() -> None:
