@@ -19,9 +19,9 @@ Examples:
 \b
 Exit status (a bitmask, like abidiff's):
   0  every rule passed (warnings allowed unless --strict)
-  1  tool error: empty/truncated/non-ELF/32-bit/wrong-arch file
+  1  a file cannot be checked: empty/truncated/non-ELF/32-bit/not x86_64 or aarch64
   2  usage error (also a file that does not exist)
-  4  incompatible: some rule failed
+  4  incompatible: some rule failed (an aarch64 build against an x86_64 vendor: elf-machine)
   8  --strict only: some rule warned (12 = 4|8)
 """
 
