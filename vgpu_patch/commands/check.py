@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from ..cli_options import emit_json, error_document, json_option, use_color
+from ..cli_options import emit_json, error_document, json_option, use_color, verbose_option
 from ..errors import UsageError, VgpuPatchError
 
 EPILOG = """\b
@@ -27,6 +27,7 @@ Exit status (a bitmask, like abidiff's):
 
 
 @click.command("check", epilog=EPILOG)
+@verbose_option
 @click.argument("candidate", type=click.Path(path_type=Path))
 @click.option("--vendor", type=click.Path(path_type=Path), metavar="FILE",
               help="The vendor's libvgpu.so to compare with (default: the built-in reference surface).")

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .. import verbosity
 from ..errors import DeployError, UsageError
 
 SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
@@ -101,7 +102,8 @@ class Client:
         if token:
             req.add_header("Authorization", f"Bearer {token}")
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout, context=self._context()) as resp:
+            with verbosity.step("kube", f"{method} {path}", self.server), \
+                    urllib.request.urlopen(req, timeout=self.timeout, context=self._context()) as resp:
                 raw = resp.read()
                 status = resp.status
         except urllib.error.HTTPError as e:
