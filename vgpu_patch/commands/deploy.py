@@ -40,7 +40,9 @@ Exit codes: 0 every node runs FILE's sha256; 1 failed (or --dry-run with changes
 @click.argument("file", type=click.Path(dir_okay=False))
 @target_options
 @fleet_options
-@click.option("--install", is_flag=True, help="Install libvgpu.so where the target dir has no library yet.")
+@click.option("--install", is_flag=True,
+              help="Install libvgpu.so where the target dir has no library yet, creating the dir (0755) if it does "
+                   "not exist (it stays if the install then fails).")
 @click.option("--check/--no-check", "check", default=True, show_default=True,
               help="Run `vgpu-patch check` on FILE against each node's live file (fetched once per distinct "
                    "vendor file) and refuse on a blocking problem.")
