@@ -2,6 +2,7 @@
 and the README opening with the two fresh-machine commands."""
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -258,3 +259,30 @@ def test_documented_commands_parse(doc: Path) -> None:
         except click.ClickException as e:
             wrong.append(f"{line}: {e.format_message()}")
     assert not wrong, "\n".join(wrong)
+
+
+def test_one_way_to_give_the_ansible_role_its_sha256(tmp_path: Path) -> None:
+    """Every doc computes vgpu_patch_library_sha256 the same way, and that way, run by sh from ansible/ as
+    shown, prints the sha256 the build recorded in out/libvgpu.so.json."""
+    pages = [*DOCS, ROOT / "ansible" / "README.md", ROOT / "charts" / "vgpu-patch-agent" / "README.md"]
+    ways = {m.group(1) for page in pages for m in re.finditer(r'vgpu_patch_library_sha256="(\$\(.*\))"',
+                                                              page.read_text())}
+    assert len(ways) == 1, f"the docs compute vgpu_patch_library_sha256 in {len(ways)} ways: {sorted(ways)}"
+    (tmp_path / "ansible").mkdir()
+    (tmp_path / "out").mkdir()
+    want = "ab" * 32
+    (tmp_path / "out" / "libvgpu.so.json").write_text(json.dumps({"sha256": want, "source_sha256": "cd" * 32}))
+    p = subprocess.run(["sh", "-c", f'echo "{ways.pop()}"'], cwd=tmp_path / "ansible", capture_output=True,
+                       text=True, timeout=60)
+    assert p.returncode == 0 and p.stdout == want + "\n", p.stderr
+
+
+def test_the_docs_say_where_ansible_playbook_comes_from() -> None:
+    """ansible-playbook is ansible-core's, which the [inventory] extra installs: the pages that run it say so."""
+    tomllib = pytest.importorskip("tomllib")
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert any(dep.startswith("ansible-core") for dep in extras["inventory"])
+    for page in (ROOT / "ansible" / "README.md", ROOT / "docs" / "fleet.md"):
+        text = " ".join(page.read_text().split())
+        assert re.search(r"`ansible-playbook` comes with .{0,40}`\[inventory\]`", text), page
