@@ -240,10 +240,12 @@ def test_make_transport_resolves_ssh_config(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("children", [True, False], ids=["script-killed", "script-orphaned"])
-def test_connection_killed_during_the_swap_script(fresh_sshd: SSHD, tmp_path: Path, libs, children: bool) -> None:
+def test_connection_killed_during_the_swap_script(fresh_sshd: SSHD, tmp_path: Path, libs, children: bool,
+                                                 request: pytest.FixtureRequest) -> None:
     import threading
     import time
 
+    from vgpu_patch.deploy import swap
     from vgpu_patch.deploy.swap import SwapHooks
     from vgpu_patch.errors import LockedError
 
@@ -262,6 +264,16 @@ def test_connection_killed_during_the_swap_script(fresh_sshd: SSHD, tmp_path: Pa
     killer = threading.Thread(target=kill_when_locked)
     killer.start()
     t = transport(fresh_sshd)
+    uploads = Path(swap.UPLOAD_DIR)
+    before = set(uploads.glob(".vgpu-patch-upload-*"))
+
+    def remove_own_upload() -> None:
+        # Killed with its children, the script never removes its upload; a later run sweeps it only once it is
+        # 5 minutes old (a younger one may be another controller's, mid-deploy): this test's own goes at its end.
+        for left in set(uploads.glob(f".vgpu-patch-upload-{sha(libs['v1'])[:12]}-*")) - before:
+            left.unlink(missing_ok=True)
+
+    request.addfinalizer(remove_own_upload)
     try:
         with pytest.raises(ConnectionFailure):
             deploy_file(t, libs["v1"], str(d), operator="x", hooks=hooks)
