@@ -10,9 +10,10 @@ as an unprivileged user with sudo (as root; as another user, the current user wi
             backup, an in-place cp (what the tool exists to avoid), one OpenSSH connection per node.
 "ansible" = `ansible-playbook deploy.yml` with serial 100% and forks = N.
 
-    python3 bench/deploy_fleet.py [--nodes 50,100] [--rounds 2] [--ansible 50] [--size-kib 512]
+    python3 bench/deploy_fleet.py [--nodes 50,100] [--rounds 3] [--ansible 50] [--size-kib 512]
 Targets (issue 13): cli(50) <= xargs(50) and <= 5 s on a quiet 2-core machine; cli(100) <= 2.2 x cli(50);
-ansible(50) <= 10 x cli(50).
+ansible(50) <= 10 x cli(50). It prints every round, then each run's median and spread, and each ratio of the
+medians with its spread round by round.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -113,10 +115,37 @@ def ansible(inv: Path, lib: Path, forks: int, sudo: bool) -> float:
     return took
 
 
+def spread(values: list[float], digits: int = 2) -> str:
+    """`median (min-max; every round)` of one series."""
+    every = ", ".join(f"{v:.{digits}f}" for v in values)
+    return f"{statistics.median(values):.{digits}f} ({min(values):.{digits}f}-{max(values):.{digits}f}; {every})"
+
+
+# the targets (issue 13), as (numerator, denominator, target, note)
+RATIOS = [("cli(50)", "xargs(50)", 1.0, "and cli(50) <= 5 s quiet"), ("cli(100)", "cli(50)", 2.2, ""),
+          ("ansible(50)", "cli(50)", 10.0, "")]
+
+
+def summary(rounds: dict[str, list[float]]) -> list[str]:
+    """Each run's median, spread and rounds, then each target ratio: the ratio of the medians, and the spread
+    of the ratios round by round (the engines were interleaved within a round, so a round compares like with
+    like on a machine whose speed drifts)."""
+    lines = ["median of the rounds (min-max; every round), seconds:"]
+    lines += [f"  {key:<14} {spread(values)}" for key, values in rounds.items()]
+    for top, bottom, target, note in RATIOS:
+        if top in rounds and bottom in rounds:
+            medians = statistics.median(rounds[top]) / statistics.median(rounds[bottom])
+            per_round = [a / b for a, b in zip(rounds[top], rounds[bottom])]
+            lines.append(f"{top} / {bottom} = {medians:.2f} of the medians; by round {spread(per_round)}  "
+                         f"(target <= {target:g}{'; ' + note if note else ''})")
+    return lines
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--nodes", default="50,100")
-    ap.add_argument("--rounds", type=int, default=2, help="interleaved repetitions; the best of each is reported")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="interleaved repetitions; each run's median, spread and every round are reported")
     ap.add_argument("--ansible", type=int, default=50, help="fleet size for the Ansible run (0: skip)")
     ap.add_argument("--size-kib", type=int, default=512, help="size of the library deployed")
     args = ap.parse_args()
@@ -135,7 +164,7 @@ def main() -> None:
         cfg = ssh_config_file(servers, base / "ssh_config")
         libs = [build(base / f"v{i}.so", i, args.size_kib) for i in range(1, 4)]
         print(f"library {libs[0].stat().st_size // 1024} KiB")
-        best: dict[str, float] = {}
+        rounds: dict[str, list[float]] = {}
         for r in range(args.rounds):
             for n in counts:
                 dirs = [base / "lib" / str(i) for i in range(n)]
@@ -152,20 +181,10 @@ def main() -> None:
                     took = fn()
                     check(dirs, libs[1], name)
                     key = f"{name}({n})"
-                    best[key] = min(took, best.get(key, took))
+                    rounds.setdefault(key, []).append(took)
                     print(f"round {r + 1}: {key:<14} {took:7.2f} s  ({1000 * took / n:.0f} ms/node)", flush=True)
-        print("\nbest of each:")
-        for key, v in best.items():
-            print(f"  {key:<14} {v:7.2f} s")
-        c50 = best.get("cli(50)")
-        if c50:
-            if "xargs(50)" in best:
-                ratio = c50 / best["xargs(50)"]
-                print(f"cli(50) / xargs(50)   = {ratio:.2f}  (target <= 1.0; and cli(50) <= 5 s quiet)")
-            if "cli(100)" in best:
-                print(f"cli(100) / cli(50)    = {best['cli(100)'] / c50:.2f}  (target <= 2.2)")
-            if "ansible(50)" in best:
-                print(f"ansible(50) / cli(50) = {best['ansible(50)'] / c50:.2f}  (target <= 10)")
+        print()
+        print("\n".join(summary(rounds)))
     finally:
         for s in servers:
             s.stop()

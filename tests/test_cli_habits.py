@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from vgpu_patch.cli import COMMANDS
 from vgpu_patch.errors import DeployError
 from vgpu_patch.transport.local import LocalTransport
 
@@ -115,3 +116,64 @@ def test_a_file_that_exists_but_is_wrong_is_a_failure(tmp_path: Path) -> None:
     bad = tmp_path / "libvgpu.so"
     bad.write_text("not an ELF file")
     assert vgpu("check", str(bad)).returncode == 1
+
+
+def _subcommands(name: str) -> list[tuple[str, object]]:
+    import click
+
+    from vgpu_patch.cli import cli
+
+    cmd = cli.get_command(click.Context(cli), name)
+    assert cmd is not None
+    found: list[tuple[str, object]] = [(name, cmd)]
+    if isinstance(cmd, click.Group):
+        found += [(f"{name} {sub}", cmd.commands[sub]) for sub in cmd.commands]
+    return found
+
+
+@pytest.mark.parametrize("name", COMMANDS)
+def test_every_command_takes_dash_v_after_and_before_it(name: str) -> None:
+    """`vgpu-patch CMD -v` and `vgpu-patch -v CMD` on every command (and subcommand), as docs/first-node.md says."""
+    for full, cmd in _subcommands(name):
+        opts = {o for p in cmd.params for o in getattr(p, "opts", [])}  # type: ignore[attr-defined]
+        assert {"-v", "--verbose", "--debug"} <= opts, f"vgpu-patch {full} has no -v/--verbose"
+        words = full.split()
+        for argv in ([*words, "-v", "--help"], ["-v", *words, "--help"], ["-vv", *words, "-v", "--help"]):
+            out = vgpu(*argv)
+            assert out.returncode == 0 and "--verbose" in out.stdout, (argv, out.stderr)
+
+
+def test_dash_v_before_and_after_add_up_and_never_outlive_their_run() -> None:
+    """-v before the command and after it add up (-v CMD -v is -vv), and one run's level never leaks into the
+    next one in the same process."""
+    from click.testing import CliRunner
+
+    from vgpu_patch import verbosity
+    from vgpu_patch.cli import cli
+
+    runner = CliRunner()
+    for argv, level in ((["-v", "check", "-v", "/bin/true"], 2), (["check", "/bin/true"], 0),
+                        (["-v", "check", "/bin/true"], 1), (["check", "-vv", "/bin/true"], 2)):
+        res = runner.invoke(cli, argv)
+        assert res.exit_code == 4 and verbosity.level() == level, (argv, res.output)
+        debug = [ln for ln in res.stderr.splitlines() if ln.startswith("vgpu-patch: debug:")]
+        assert bool(debug) == bool(level) and all("check: read the candidate /bin/true" in ln for ln in debug)
+    verbosity.set_level(0)
+
+
+@pytest.mark.parametrize("argv", [
+    ["daemonset", "--image", "registry.example.com/vgpu-patch-agent:0.1.0"],
+    ["check", "/bin/true"],
+    ["region", "show", "REGION"],
+])
+def test_dash_v_logs_what_the_command_does(argv: list[str], tmp_path: Path) -> None:
+    from vgpu_patch import region as R
+
+    region = tmp_path / "r.cache"
+    region.write_bytes(R.encode(uuids=["GPU-x"], limit=[1 << 30]))
+    argv = [str(region) if a == "REGION" else a for a in argv]
+    for where in ("before", "after"):
+        out = vgpu(*(["-v", *argv] if where == "before" else [*argv, "-v"]))
+        debug = [ln for ln in out.stderr.splitlines() if ln.startswith("vgpu-patch: debug:")]
+        assert debug and f"{argv[0]}: " in debug[0], (where, out.stderr)
+        assert not [ln for ln in vgpu(*argv).stderr.splitlines() if "debug" in ln]

@@ -2,6 +2,7 @@
 and the README opening with the two fresh-machine commands."""
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -16,7 +17,8 @@ ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 CLI_REF = ROOT / "docs" / "cli-reference.md"
 DOCS = [README, *sorted((ROOT / "docs").glob("*.md"))]
-FRESH_MACHINE = ["pip install -e '.[build]' && vgpu-patch demo", "bash .ci/run"]
+VENV_LINE = "python3 -m venv .venv && . .venv/bin/activate"
+FRESH_MACHINE = [VENV_LINE, "pip install -e '.[build]' && vgpu-patch demo", "bash .ci/run"]
 
 _FENCE = re.compile(r"^(```|~~~).*?^\1[ \t]*$", re.M | re.S)
 _LINK = re.compile(r"(?<!\!)\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
@@ -81,10 +83,31 @@ def test_readme_opens_with_the_fresh_machine_commands() -> None:
     assert sep and not intro.startswith(("```", "#")), "README.md: the intro paragraph must follow the title"
     sentences = re.findall(r"[^.!?]+[.!?](?=\s|$)", " ".join(intro.split()))
     assert len(sentences) == 3, f"README.md: the intro must be three sentences, found {len(sentences)}"
-    m = re.match(r"\s*```[a-z]*\n(.*?)\n```", rest, re.S)
+    assert _fresh_machine_commands(rest) == FRESH_MACHINE
+
+
+def _fresh_machine_commands(after_intro: str) -> list[str]:
+    m = re.match(r"\s*```[a-z]*\n(.*?)\n```", after_intro, re.S)
     assert m, "README.md: the block of fresh-machine commands must come right after the intro"
     commands = [ln.split("#", 1)[0].strip() for ln in m.group(1).splitlines()]
-    assert [c for c in commands if c] == FRESH_MACHINE
+    return [c for c in commands if c]
+
+
+def test_readme_first_line_gives_a_venv_where_pip_installs(tmp_path: Path) -> None:
+    """The block's first line, run by sh as written in a fresh directory: the shell is then in a new virtual
+    environment, so the next line's `pip install` works even where python3 is externally managed (PEP 668).
+    The install itself needs the package index: CI's run of `.ci/run` in such a venv covers it."""
+    text = README.read_text()
+    first = _fresh_machine_commands(text[text.index("```"):])[0]
+    assert first == VENV_LINE
+    probe = "python3 -c 'import sys; print(sys.prefix)'; command -v pip; echo \"VIRTUAL_ENV=$VIRTUAL_ENV\""
+    p = subprocess.run(["sh", "-c", f"{first} && {probe}"], cwd=tmp_path, capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 0, p.stderr
+    venv = (tmp_path / ".venv").resolve()
+    prefix, pip, virtual_env = p.stdout.split("\n")[:3]
+    assert Path(prefix).resolve() == venv and Path(pip).resolve().parent == venv / "bin", p.stdout
+    assert Path(virtual_env.removeprefix("VIRTUAL_ENV=")).resolve() == venv
 
 
 def test_cli_reference_generator_covers_every_command() -> None:
@@ -236,3 +259,30 @@ def test_documented_commands_parse(doc: Path) -> None:
         except click.ClickException as e:
             wrong.append(f"{line}: {e.format_message()}")
     assert not wrong, "\n".join(wrong)
+
+
+def test_one_way_to_give_the_ansible_role_its_sha256(tmp_path: Path) -> None:
+    """Every doc computes vgpu_patch_library_sha256 the same way, and that way, run by sh from ansible/ as
+    shown, prints the sha256 the build recorded in out/libvgpu.so.json."""
+    pages = [*DOCS, ROOT / "ansible" / "README.md", ROOT / "charts" / "vgpu-patch-agent" / "README.md"]
+    ways = {m.group(1) for page in pages for m in re.finditer(r'vgpu_patch_library_sha256="(\$\(.*\))"',
+                                                              page.read_text())}
+    assert len(ways) == 1, f"the docs compute vgpu_patch_library_sha256 in {len(ways)} ways: {sorted(ways)}"
+    (tmp_path / "ansible").mkdir()
+    (tmp_path / "out").mkdir()
+    want = "ab" * 32
+    (tmp_path / "out" / "libvgpu.so.json").write_text(json.dumps({"sha256": want, "source_sha256": "cd" * 32}))
+    p = subprocess.run(["sh", "-c", f'echo "{ways.pop()}"'], cwd=tmp_path / "ansible", capture_output=True,
+                       text=True, timeout=60)
+    assert p.returncode == 0 and p.stdout == want + "\n", p.stderr
+
+
+def test_the_docs_say_where_ansible_playbook_comes_from() -> None:
+    """ansible-playbook is ansible-core's, which the [inventory] extra installs: the pages that run it say so."""
+    tomllib = pytest.importorskip("tomllib")
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert any(dep.startswith("ansible-core") for dep in extras["inventory"])
+    for page in (ROOT / "ansible" / "README.md", ROOT / "docs" / "fleet.md"):
+        text = " ".join(page.read_text().split())
+        assert re.search(r"`ansible-playbook` comes with .{0,40}`\[inventory\]`", text), page

@@ -5,7 +5,8 @@ the guide's rule, is what tests/deploy runs over a sudo user; the rule's text is
 harness's below); its library directory holds the demo's vendor stand-in. The
 operator's HOME is a temporary one: `~/.ssh/known_hosts` and the key live there, and `ssh`/`scp` on PATH
 are the real clients told to use them (OpenSSH reads the home of the passwd entry, not $HOME). Only the
-`kubectl` lines need a cluster and are not run.
+`kubectl` lines need a cluster and are not run. Its practice node (`bash` blocks) is run as root as written:
+a user, a sudoers file and an sshd of its own, all removed by its clean-up block.
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import hashlib
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -111,3 +113,57 @@ def _run_guide(tmp_path: Path, server, lib_dir: Path, vendor_sha: str) -> None: 
     text = "\n".join(outputs)
     assert "vgpu-patch-shim 0.1.0" in text and "ours 0.1.0" in text and "vendor" in text
     assert re.search(r"^\s+1\. verify ", text, re.M)  # the dry run's numbered steps
+
+
+def test_practice_node_recipe_runs_as_written(tmp_path: Path) -> None:
+    """The guide's practice node, its `bash` blocks run as written (a free port for 2222, a temporary directory
+    for /srv/vgpu-practice, a temporary HOME): a real sshd that logs `practice` in with the operator's key,
+    sudo by the guide's line, a node directory holding the demo's vendor stand-in; then its clean-up."""
+    from sshd_harness import SUDO_SHELLS, available
+
+    if available() or os.geteuid() != 0:
+        pytest.skip(available() or "needs root: it adds a user, a sudoers file and an sshd")
+    if not shutil.which("visudo"):
+        pytest.skip("no visudo (sudo)")
+    setup, teardown = _blocks("bash")
+    assert "practice ALL=(root) NOPASSWD: " + ", ".join(SUDO_SHELLS) in "\n".join(setup)
+    values = re.search(r"^```\n(NODE=[^\n]*)\n```$", GUIDE.read_text(), re.M)
+    assert values, "docs/first-node.md: the practice node's values block is gone"
+    kv = dict(w.split("=", 1) for w in values.group(1).split())
+    assert kv["NODE"] == "127.0.0.1" and kv["PORT"] == "2222" and kv["LOGIN"] == "practice"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    # not under /tmp: sshd (StrictModes) refuses an authorized_keys below a world-writable directory
+    place = Path(f"/srv/vgpu-practice-test-{os.urandom(4).hex()}")
+    home, bin_dir = tmp_path / "home", tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "vgpu-patch").write_text(f'#!/bin/sh\nexec {sys.executable} -m vgpu_patch.cli "$@"\n')
+    (bin_dir / "vgpu-patch").chmod(0o755)
+    env = {**os.environ, "HOME": str(home), "PATH": f"{bin_dir}:{os.environ['PATH']}", "PYTHONPATH": str(ROOT)}
+
+    def run(lines: list[str], strict: bool = True) -> None:
+        script = "\n".join(["set -e" if strict else "", *lines])
+        script = script.replace("/srv/vgpu-practice", str(place)).replace("2222", port)
+        proc = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=900)
+        why = f"{script}\nexit {proc.returncode}\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}"
+        assert proc.returncode == 0 or not strict, why
+
+    home.mkdir()
+    ok = False
+    try:
+        run(setup)
+        target_dir = kv["DIR"].replace("/srv/vgpu-practice", str(place))
+        status = subprocess.run(
+            [sys.executable, "-m", "vgpu_patch.cli", "status", "--host", f"practice@127.0.0.1:{port}",
+             "--target-dir", target_dir, "-i", str(home / ".ssh" / "id_ed25519"), "--known-hosts",
+             str(home / ".ssh" / "known_hosts"), "--accept-new-host-keys", "--json"],
+            env=env, capture_output=True, text=True, timeout=300)
+        assert status.returncode == 0, status.stdout + status.stderr
+        assert '"ours": false' in status.stdout and "libvgpu.so" in status.stdout
+        ok = True
+    finally:
+        run([ln for ln in teardown if not ln.startswith("ssh-keygen -R")], strict=ok)  # that one: the real ~/.ssh
+        shutil.rmtree(place, ignore_errors=True)
+    assert not place.exists() and not Path("/etc/sudoers.d/vgpu-practice").exists()
+    assert subprocess.run(["id", "practice"], capture_output=True).returncode != 0

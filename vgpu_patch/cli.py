@@ -14,7 +14,7 @@ from typing import Callable, NoReturn
 
 import click
 
-from .cli_options import emit_json, error_document, json_emitted
+from .cli_options import emit_json, error_document, json_emitted, verbose_option
 from .errors import EXIT_FAILED, VgpuPatchError
 
 COMMANDS = ["build", "check", "deploy", "status", "rollback", "region", "agent", "daemonset", "plugin-image",
@@ -53,6 +53,7 @@ class LazyGroup(click.Group):
 @click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=_print_version,
               help="Show the version, where it was installed from (with the git commit when known), the shim's "
                    "version, and exit.")
+@verbose_option
 def cli() -> None:
     """Build, verify and hot-swap a fixed HAMi-compatible libvgpu.so onto GPU nodes.
 

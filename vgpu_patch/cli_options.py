@@ -132,11 +132,30 @@ def target_options(f: Callable) -> Callable:
         click.option("--command-timeout", type=click.FloatRange(min=1), default=None, metavar="S",
                      help="Seconds any one command on a node may take before the node fails [default: 120 for "
                           "a probe, 300 for a swap]."),
-        click.option("--verbose", "-v", "--debug", "verbose", count=True,
-                     help="Log each node command (its first line and size), how long it took and each "
-                          "connection to stderr; twice (-vv) prints whole commands too."),
     ]
     return with_options(*opts)(f)
+
+
+_VERBOSE_KEY = "vgpu_patch.verbose"
+
+
+def _add_verbosity(ctx: click.Context, _param: click.Parameter, value: int) -> None:
+    """`vgpu-patch -v CMD -v` is -vv: the group's count and the command's add up (ctx.meta is shared by the
+    contexts of one run, and fresh in the next)."""
+    from . import verbosity
+
+    if ctx.resilient_parsing:
+        return
+    total = ctx.meta.get(_VERBOSE_KEY, 0) + (value or 0)
+    ctx.meta[_VERBOSE_KEY] = total
+    verbosity.set_level(total)
+
+
+verbose_option = click.option(
+    "--verbose", "-v", "--debug", count=True, expose_value=False, callback=_add_verbosity,
+    help="Log each step to stderr with its time: node commands (first line and size) and connections, "
+         "compiler runs, API requests, files read; twice (-vv) prints whole commands too. Also before "
+         "the command: vgpu-patch -v CMD.")
 
 
 def fleet_options(f: Callable) -> Callable:

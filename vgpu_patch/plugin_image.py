@@ -16,6 +16,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import verbosity
 from .errors import UsageError, VgpuPatchError
 
 PLUGIN_LIB_DIR = "/k8s-vgpu/lib/nvidia"
@@ -109,7 +110,8 @@ def read_version(builder: str, image: str) -> str:
 
 def _run(argv: list[str], image: str) -> str:
     try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=900)
+        with verbosity.step("plugin-image", "build", verbosity.describe(shlex.join(argv))):
+            proc = subprocess.run(argv, capture_output=True, text=True, timeout=900)
     except subprocess.TimeoutExpired:
         raise PluginImageError(f"{image}: `{shlex.join(argv)}` took over 15 minutes; check the registry") from None
     if proc.returncode != 0:

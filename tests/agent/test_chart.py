@@ -31,21 +31,28 @@ kv = pytest.importorskip("kubernetes_validate", reason="pip install kubernetes-v
 # the chart's floor (Chart.yaml kubeVersion), versions between, and the newest kubernetes-validate knows
 K8S_VERSIONS = tuple(dict.fromkeys(("1.25.0", "1.28.0", "1.31.0", "1.35.0", kv.latest_version())))
 
+# the chart refuses its default image (in no registry) unless it is pulled from a registry or loaded by hand
+PUSHED = ImageRef.parse("registry.example.com/vgpu-patch-agent")
+REGISTRY = ("--set", "image.registry=registry.example.com")
 CASES: dict[str, DaemonSetOptions] = {
-    "defaults": DaemonSetOptions(),
+    "defaults-but-the-registry": DaemonSetOptions(image=PUSHED),
+    "image-loaded-by-hand": DaemonSetOptions(image=ImageRef(pull_policy="Never")),
     "gpu-ops-rbac": DaemonSetOptions(namespace="gpu-ops", rbac=True,
                                      image=ImageRef.parse("reg.example/vgpu-patch-agent:1.2", "Always")),
     "image-by-digest": DaemonSetOptions(image=ImageRef.parse(f"localhost:5000/ops/agent@sha256:{'c' * 64}")),
-    "no-metrics-no-hostpid": DaemonSetOptions(metrics_port=None, host_pid=False, interval=45.0, sha256="ab" * 32),
+    "no-metrics-no-hostpid": DaemonSetOptions(image=PUSHED, metrics_port=None, host_pid=False, interval=45.0,
+                                              sha256="ab" * 32),
     "fleet-knobs": DaemonSetOptions(
-        namespace="gpu-ops", priority_class="gpu-agents", node_selector={"nvidia.com/gpu.present": "true"},
+        image=PUSHED, namespace="gpu-ops", priority_class="gpu-agents",
+        node_selector={"nvidia.com/gpu.present": "true"},
         tolerations=[parse_toleration("dedicated=gpu:NoExecute"), parse_toleration("*")],
         image_pull_secrets=["regcred", "mirror"], selinux={"type": "spc_t", "level": "s0"}, max_unavailable="25%",
         host_dir="/srv/vgpu/", tolerate_gpu_taint=False, interval=2.5, cpu_limit="500m", memory_limit="256Mi"),
-    "no-priority-empty-selector": DaemonSetOptions(priority_class=None, node_selector={}),
-    "allowed-signers": DaemonSetOptions(allowed_signers=AllowedSigners("release-keys")),
+    "no-priority-empty-selector": DaemonSetOptions(image=PUSHED, priority_class=None, node_selector={}),
+    "allowed-signers": DaemonSetOptions(image=PUSHED, allowed_signers=AllowedSigners("release-keys")),
     "allowed-signers-key-no-metrics": DaemonSetOptions(
-        metrics_port=None, namespace="gpu-ops", allowed_signers=AllowedSigners("ops.signers", "keys.txt")),
+        image=PUSHED, metrics_port=None, namespace="gpu-ops",
+        allowed_signers=AllowedSigners("ops.signers", "keys.txt")),
 }
 
 
@@ -89,10 +96,28 @@ def test_chart_renders_what_the_cli_renders(case: str, helm: Helm, tmp_path: Pat
     assert by_kind(render(helm, opts, tmp_path)) == by_kind(render_all(opts))
 
 
-def test_default_values_give_the_shipped_manifest(helm: Helm) -> None:
-    """`helm template` with no values at all == `vgpu-patch daemonset` == deploy/daemonset.yaml."""
+def test_default_values_and_a_registry_give_the_shipped_manifest_there(helm: Helm) -> None:
+    """`helm template --set image.registry=R` == `vgpu-patch daemonset --image R/vgpu-patch-agent` ==
+    deploy/daemonset.yaml with that image."""
     shipped = [d for d in yaml.safe_load_all((CHART.parents[1] / "deploy" / "daemonset.yaml").read_text()) if d]
-    assert helm.template(CHART, "-n", "kube-system") == shipped == render_all(DaemonSetOptions())
+    assert shipped == render_all(DaemonSetOptions())
+    pod_spec(shipped)["containers"][0]["image"] = "registry.example.com/vgpu-patch-agent:" + __version__
+    assert helm.template(CHART, "-n", "kube-system", *REGISTRY) == shipped
+    assert render_all(DaemonSetOptions(image=PUSHED)) == shipped
+
+
+@pytest.mark.parametrize("command", ["template", "install --dry-run=client"])
+def test_the_default_image_is_refused_before_anything_is_installed(command: str, helm: Helm) -> None:
+    """The default image is in no registry: helm stops with what to do (not exit 0 and an ImagePullBackOff)."""
+    out = helm.run(*command.split(), "vgpu-patch-agent", str(CHART), "-n", "kube-system")
+    assert out.returncode == 1 and out.stdout == "", out.stdout
+    assert ("image.registry is not set, and no registry has the image vgpu-patch-agent: build and push it first "
+            f"(deploy/build-multiarch.sh REGISTRY/vgpu-patch-agent:{__version__} --push from a vgpu-patch "
+            "checkout), then --set image.registry=REGISTRY; or --set image.pullPolicy=Never for an image loaded into "
+            "every node by hand") in out.stderr
+    for fix in ("image.registry=registry.example.com", "image.pullPolicy=Never",
+                "image.repository=myorg/vgpu-patch-agent"):  # Docker Hub: an org's repository, no registry
+        assert helm.run("template", "vgpu-patch-agent", str(CHART), "--set", fix).returncode == 0, fix
 
 
 @pytest.mark.parametrize("version", K8S_VERSIONS)
@@ -160,37 +185,38 @@ def test_values_schema_is_the_generated_one_and_takes_every_case() -> None:
 
 def test_system_priority_class_outside_kube_system_fails(helm: Helm) -> None:
     """The chart `fail`s where the CLI gives a usage error; `auto` means none outside kube-system."""
-    out = helm.run("template", "vgpu-patch-agent", str(CHART), "-n", "gpu-ops",
+    out = helm.run("template", "vgpu-patch-agent", str(CHART), "-n", "gpu-ops", *REGISTRY,
                    "--set", "priorityClassName=system-node-critical")
     assert out.returncode != 0
     assert "system-* priority classes only in kube-system" in out.stderr
-    assert "priorityClassName" not in pod_spec(helm.template(CHART, "-n", "gpu-ops"))
-    kube_system = pod_spec(helm.template(CHART, "-n", "kube-system", "--set", "priorityClassName=system-node-critical"))
+    assert "priorityClassName" not in pod_spec(helm.template(CHART, "-n", "gpu-ops", *REGISTRY))
+    kube_system = pod_spec(helm.template(CHART, "-n", "kube-system", *REGISTRY,
+                                         "--set", "priorityClassName=system-node-critical"))
     assert kube_system["priorityClassName"] == "system-node-critical"
 
 
 def test_set_style_numbers_render_like_the_cli(helm: Helm) -> None:
     """`helm --set` types 2, 30, 9500 and 1 as numbers; the objects are the CLI's for the same options."""
-    got = helm.template(CHART, "-n", "kube-system",
+    got = helm.template(CHART, "-n", "kube-system", *REGISTRY,
                         "--set", "maxUnavailable=2,interval=30,metricsPort=9500,cpuLimit=1,memoryRequest=64")
-    want = render_all(DaemonSetOptions(max_unavailable="2", interval=30.0, metrics_port=9500, cpu_limit="1",
-                                       memory_request="64"))
+    want = render_all(DaemonSetOptions(image=PUSHED, max_unavailable="2", interval=30.0, metrics_port=9500,
+                                       cpu_limit="1", memory_request="64"))
     assert got == want
 
 
 def test_a_node_selector_replaces_the_default_one(helm: Helm) -> None:
     """helm merges a user's map into the chart's: values.yaml's null keeps gpu=on out of a user's selector."""
-    got = pod_spec(helm.template(CHART, "--set-string", r"nodeSelector.nvidia\.com/gpu\.present=true"))
+    got = pod_spec(helm.template(CHART, *REGISTRY, "--set-string", r"nodeSelector.nvidia\.com/gpu\.present=true"))
     assert got["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
-    assert pod_spec(helm.template(CHART, "--set", "nodeSelector=null"))["nodeSelector"] == {"gpu": "on"}
-    assert pod_spec(helm.template(CHART, "--set-json", "nodeSelector={}"))["nodeSelector"] == {}
+    assert pod_spec(helm.template(CHART, *REGISTRY, "--set", "nodeSelector=null"))["nodeSelector"] == {"gpu": "on"}
+    assert pod_spec(helm.template(CHART, *REGISTRY, "--set-json", "nodeSelector={}"))["nodeSelector"] == {}
 
 
 def test_set_allowed_signers_like_the_cli(helm: Helm) -> None:
     """`--set allowedSigners.configMap=NAME` mounts the ConfigMap and passes --allowed-signers, as the CLI's
     `--allowed-signers-configmap NAME` does."""
-    got = helm.template(CHART, "-n", "kube-system", "--set", "allowedSigners.configMap=release-keys")
-    assert got == render_all(DaemonSetOptions(allowed_signers=AllowedSigners("release-keys")))
+    got = helm.template(CHART, "-n", "kube-system", *REGISTRY, "--set", "allowedSigners.configMap=release-keys")
+    assert got == render_all(DaemonSetOptions(image=PUSHED, allowed_signers=AllowedSigners("release-keys")))
     (container,) = pod_spec(got)["containers"]
     assert "/etc/vgpu-patch/allowed_signers" in container["args"]
     assert {"name": "allowed-signers", "mountPath": "/etc/vgpu-patch", "readOnly": True} in container["volumeMounts"]

@@ -242,7 +242,7 @@ def test_evict_asks_first_and_api_failures_are_one_line(tmp_path: Path) -> None:
     assert CliRunner().invoke(restart_plan, ["--dry-run"]).exit_code == 2
 
 
-def test_kubeconfig_token_and_plugin_refusal(tmp_path: Path) -> None:
+def test_kubeconfig_token_and_a_malformed_plugin(tmp_path: Path) -> None:
     with FakeKube(token="kc-token") as kube:
         kube.add_node("n1")
         cfg = tmp_path / "config"
@@ -254,7 +254,7 @@ def test_kubeconfig_token_and_plugin_refusal(tmp_path: Path) -> None:
             "contexts": [{"name": "c", "context": {"cluster": "k", "user": "u"}},
                          {"name": "e", "context": {"cluster": "k", "user": "eks"}}]}))
         assert api.from_kubeconfig(cfg).list_nodes()[0]["metadata"]["name"] == "n1"
-        with pytest.raises(api.UsageError, match="kubectl proxy"):
+        with pytest.raises(api.UsageError, match="exec apiVersion None"):  # plugins: tests/agent/test_k8s_exec.py
             api.from_kubeconfig(cfg, "e")
         with pytest.raises(api.UsageError, match="no context 'nope'"):
             api.from_kubeconfig(cfg, "nope")

@@ -31,9 +31,6 @@ def _make(kind: str, built: dict[str, Path], tmp: Path, request: pytest.FixtureR
         pass
     elif kind == "32-bit":
         path = request.getfixturevalue("i386_lib")
-    elif kind == "wrong-arch":
-        path = request.getfixturevalue("aarch64_lib")
-        extra = ["--arch", "x86_64"]
     elif kind == "no-section-headers":
         data = bytearray(good)
         data[0x28:0x30] = bytes(8)  # e_shoff
@@ -66,7 +63,6 @@ CASES = {
     "directory": "is a directory",
     "missing": "does not exist",
     "32-bit": "32-bit",
-    "wrong-arch": "aarch64",
     "corrupt-sections": "truncated",
     "device": "not a regular file",
     "proc-file": "cannot be read to its end",
@@ -88,7 +84,7 @@ def test_bad_input_is_one_line_exit_1(kind: str, built: dict[str, Path], tmp_pat
     assert CASES[kind] in lines[0] and str(path) in lines[0]
     assert "Traceback" not in result.stderr and result.stdout == ""
     with pytest.raises(ElfError):
-        check_file(path, arch="x86_64" if extra else None)
+        check_file(path)
 
 
 def test_bad_input_with_json_still_prints_one_document(built: dict[str, Path], tmp_path: Path) -> None:
@@ -100,3 +96,20 @@ def test_bad_input_with_json_still_prints_one_document(built: dict[str, Path], t
     assert result.exit_code == 1
     doc = json.loads(result.stdout)
     assert doc["ok"] is False and doc["exit_code"] == 1 and "not an ELF file" in doc["error"]
+
+
+@pytest.mark.parametrize("against", ["vendor", "--arch"])
+def test_a_build_for_another_machine_is_an_incompatibility_exit_4(against: str, built: dict[str, Path],
+                                                                  aarch64_lib: Path) -> None:
+    """An aarch64 build checked against an x86_64 vendor file (or --arch x86_64) is readable: the whole table
+    is printed, elf-machine fails and says how to fix it, and the exit status is 4 (incompatible), not 1."""
+    extra = ["--vendor", str(built["good"])] if against == "vendor" else ["--arch", "x86_64"]
+    result = cli_runner().invoke(cli, [str(aarch64_lib), *extra])
+    assert result.exit_code == 4, (result.stdout, result.stderr)
+    rows = {line.split()[0]: line.split(None, 2)[1:] for line in result.stdout.splitlines()
+            if line[:1].islower() and len(line.split()) > 2}
+    whose = "the vendor file" if against == "vendor" else "--arch x86_64"
+    assert rows["elf-machine"] == ["fail", f"EM_AARCH64 (aarch64), but {whose} is x86_64: it cannot be loaded "
+                                           "there; build with --arch x86_64"], result.stdout
+    assert "surface-missing" in rows and "glibc-floor" in rows
+    assert result.stdout.rstrip().splitlines()[-1].startswith("INCOMPATIBLE: 1 failed, ") and result.stderr == ""

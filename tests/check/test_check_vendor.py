@@ -51,9 +51,11 @@ def test_symbol_versions_are_compared(built: dict[str, Path]) -> None:
     assert flagged(check_file(built["versioned"], vendor=built["versioned"])) == {}
 
 
-def test_vendor_of_another_arch_is_an_error(built: dict[str, Path], aarch64_lib: Path) -> None:
-    with pytest.raises(ElfError, match="vendor file"):
-        check_file(built["good"], vendor=aarch64_lib)
+def test_vendor_of_another_arch_fails_elf_machine(built: dict[str, Path], aarch64_lib: Path) -> None:
+    report = check_file(built["good"], vendor=aarch64_lib)
+    assert report.exit_code == 4 and report.failed() == ["elf-machine"]
+    with pytest.raises(ElfError, match="but --arch asks for x86_64"):  # the vendor file itself is the wrong one
+        check_file(built["good"], vendor=aarch64_lib, arch="x86_64")
 
 
 def test_unreadable_vendor_is_an_error(built: dict[str, Path], tmp_path: Path) -> None:

@@ -106,6 +106,34 @@ def test_no_library_needs_install(tmp_path: Path, libs) -> None:
     assert (d / "libvgpu.so").read_bytes() == libs["v1"].read_bytes()
 
 
+def test_a_missing_directory_is_created_by_install_as_the_hint_says(tmp_path: Path, libs) -> None:
+    """No library directory at all: the error says so and names --install; with it, the directory is created
+    (0755, parents too) and the library installed; the dry run lists that step."""
+    from click.testing import CliRunner
+
+    from vgpu_patch.cli import cli
+
+    root = tmp_path / "root"
+    root.mkdir()
+    d = root / DIR.lstrip("/")
+    t = LocalTransport(root)
+    with pytest.raises(DeployError) as e:
+        deploy_file(t, libs["v1"], DIR, operator="a")
+    assert str(e.value) == (f"{t.name}:{DIR}: the directory does not exist (is HAMi installed? check --target-dir); "
+                            "pass --install to create it and install libvgpu.so there")
+    assert not d.exists()
+    args = ["deploy", "--local", str(root), "--no-check", "--install", str(libs["v1"])]
+    plan = CliRunner().invoke(cli, [*args, "--dry-run"])
+    assert plan.exit_code == 1 and f"create  create {DIR} (mode 0755, with its parents)" in plan.stdout, plan.output
+    assert not d.exists()
+    res = CliRunner().invoke(cli, [*args, "--json"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["nodes"][0]["status"] == "changed"
+    assert (d / "libvgpu.so").read_bytes() == libs["v1"].read_bytes()
+    assert d.stat().st_mode & 0o777 == 0o755 and d.parent.stat().st_mode & 0o777 == 0o755
+    assert node_status(t, DIR).sha256 == sha(libs["v1"]) and leftovers(d) == []
+
+
 def test_versioned_file_is_the_live_one(tmp_path: Path, libs) -> None:
     root = tmp_path / "root"
     d = make_node(root, libs["vendor"], name="libvgpu.so.v2.4.1")

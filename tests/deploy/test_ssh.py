@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -87,13 +88,57 @@ def test_unknown_host_key_refused_then_accepted(sshd_root: SSHD, tmp_path: Path,
         assert deploy_file(t, libs["v1"], str(d), operator="x").changed
 
 
+def test_no_key_and_no_agent_says_how_to_give_a_key(sshd_root: SSHD, tmp_path: Path, monkeypatch) -> None:
+    """No -i, no IdentityFile, nothing in ~/.ssh and no agent: an authentication problem (exit 1, one line that
+    says how to offer a key), not a network one."""
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True)
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
+    res = CliRunner().invoke(cli, ["status", "--host", sshd_root.target, "--known-hosts", str(sshd_root.known_hosts),
+                                   "--target-dir", str(tmp_path), "--json"])
+    assert res.exit_code == 1, res.output
+    detail = json.loads(res.stdout)["nodes"][0]["error"]
+    assert detail == (f"{sshd_root.target}: no SSH key was offered for {sshd_root.user} (no -i, no IdentityFile, "
+                      "no default key in ~/.ssh, no ssh-agent (SSH_AUTH_SOCK unset)); give one with -i KEY, "
+                      "IdentityFile in ~/.ssh/config or the inventory's ansible_ssh_private_key_file, or load it "
+                      "with ssh-add")
+    assert "network" not in res.output
+
+
 def test_changed_host_key_always_refused(fresh_sshd: SSHD, tmp_path: Path, libs) -> None:
     d = lib_dir(tmp_path, libs["vendor"])
+    old = fresh_sshd.host_key_fingerprint
     fresh_sshd.rotate_host_key()  # known_hosts keeps the old key
     for accept in (False, True):
         with pytest.raises(HostKeyError, match="CHANGED"):
             transport(fresh_sshd, accept_new_host_keys=accept).run("true")
     assert_whole(d / "libvgpu.so", libs["vendor"])
+    # through the CLI with --known-hosts: the hint is the exact command, [host]:port quoted, that file named
+    kh = fresh_sshd.known_hosts
+    res = CliRunner().invoke(cli, ["status", "--host", fresh_sshd.target, "--known-hosts", str(kh), "--json",
+                                   "--target-dir", str(d)])
+    assert res.exit_code == 1, res.output
+    assert json.loads(res.stdout)["nodes"][0]["error"] == (
+        f"{fresh_sshd.target}: host key CHANGED (got {fresh_sshd.host_key_fingerprint}, {kh} has {old}); refusing: "
+        f"possible impersonation. If the node was reinstalled, verify its new key, then remove the old one: "
+        f"ssh-keygen -R '[127.0.0.1]:{fresh_sshd.port}' -f {kh}")
+    # run as printed, it removes exactly that line: the node is then unknown, not changed
+    cmd = json.loads(res.stdout)["nodes"][0]["error"].rsplit(": ", 1)[1]
+    subprocess.run(["sh", "-c", cmd], check=True, capture_output=True)
+    with pytest.raises(HostKeyError, match="unknown host key"):
+        transport(fresh_sshd).run("true")
+
+
+def test_forget_command_forms(tmp_path: Path, monkeypatch) -> None:
+    from vgpu_patch.transport.ssh import forget_command
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    default = str(tmp_path / ".ssh" / "known_hosts")
+    assert forget_command("gpu-node-1", [default]) == "ssh-keygen -R gpu-node-1"  # ssh's own file: no -f
+    assert forget_command("[10.0.0.7]:2222", [default, "/etc/ssh/ssh_known_hosts"]) == (
+        "ssh-keygen -R '[10.0.0.7]:2222' && ssh-keygen -R '[10.0.0.7]:2222' -f /etc/ssh/ssh_known_hosts")
+    assert forget_command("n1", ["my hosts"]) == "ssh-keygen -R n1 -f 'my hosts'"
 
 
 def test_connection_cut_mid_upload_leaves_old_file(sshd_root: SSHD, tmp_path: Path, libs) -> None:
@@ -195,10 +240,12 @@ def test_make_transport_resolves_ssh_config(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("children", [True, False], ids=["script-killed", "script-orphaned"])
-def test_connection_killed_during_the_swap_script(fresh_sshd: SSHD, tmp_path: Path, libs, children: bool) -> None:
+def test_connection_killed_during_the_swap_script(fresh_sshd: SSHD, tmp_path: Path, libs, children: bool,
+                                                 request: pytest.FixtureRequest) -> None:
     import threading
     import time
 
+    from vgpu_patch.deploy import swap
     from vgpu_patch.deploy.swap import SwapHooks
     from vgpu_patch.errors import LockedError
 
@@ -217,6 +264,16 @@ def test_connection_killed_during_the_swap_script(fresh_sshd: SSHD, tmp_path: Pa
     killer = threading.Thread(target=kill_when_locked)
     killer.start()
     t = transport(fresh_sshd)
+    uploads = Path(swap.UPLOAD_DIR)
+    before = set(uploads.glob(".vgpu-patch-upload-*"))
+
+    def remove_own_upload() -> None:
+        # Killed with its children, the script never removes its upload; a later run sweeps it only once it is
+        # 5 minutes old (a younger one may be another controller's, mid-deploy): this test's own goes at its end.
+        for left in set(uploads.glob(f".vgpu-patch-upload-{sha(libs['v1'])[:12]}-*")) - before:
+            left.unlink(missing_ok=True)
+
+    request.addfinalizer(remove_own_upload)
     try:
         with pytest.raises(ConnectionFailure):
             deploy_file(t, libs["v1"], str(d), operator="x", hooks=hooks)

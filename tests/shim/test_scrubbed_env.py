@@ -50,6 +50,6 @@ def test_scrubbed_environment_holds_the_region_beside_the_library(env: Env, tmp_
     own = _scrubbed(env, vgpu, exe, CUDA_DEVICE_MEMORY_LIMIT="1g",
                     CUDA_DEVICE_MEMORY_SHARED_CACHE=str(tmp_path / "own.cache"))[0]
     assert own == {"first": "0", "second": "0"}
-    # two regions beside it: none is guessed (the default path is used, as before), and the process says why
-    (vgpu / "9c8d7e6f-0a1b.cache").write_bytes(R.encode(uuids=[], limit=[100 * MiB]))
-    assert "holds several regions" in _scrubbed(env, vgpu, exe)[1]
+    # Two regions beside it: none is guessed and the default path (/tmp/cudevshr.cache) is used. A process
+    # here would create or join that file, a real one on a node with HAMi, so that case is held by
+    # tests/region/test_sm_share.py, whose limiter_sim prints the choice (found=) without attaching it.

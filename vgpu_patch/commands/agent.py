@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from ..cli_options import allowed_signers_option, emit_json, json_option
+from ..cli_options import allowed_signers_option, emit_json, json_option, verbose_option
 from ..errors import EXIT_FAILED
 
 if TYPE_CHECKING:
@@ -33,6 +33,7 @@ Exit codes: 0 ok (probe: ready); 1 failed, refused image content, or probe: not 
 
 
 @click.command("agent", epilog=EPILOG)
+@verbose_option
 @click.option("--library", type=click.Path(dir_okay=False, path_type=Path), default=Path("/opt/vgpu-patch/libvgpu.so"),
               show_default=True, help="The library shipped in the image.")
 @click.option("--sha256", "sha256", metavar="HEX", help="Expected sha256 of --library (default: its manifest).")

@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from ..cli_options import emit_json, existing_path, json_option
+from ..cli_options import emit_json, existing_path, json_option, verbose_option
 from ..errors import EXIT_FAILED, EXIT_INCOMPATIBLE
 from ..shim_build.build import PROFILES, build_shim
 from ..shim_build.toolchain import ARCHES, DEFAULT_FLOOR, FLOORS
@@ -47,6 +47,7 @@ def _run_check(library: Path, glibc: str, arch: str) -> tuple[Any | None, str | 
 
 
 @click.command("build", epilog=EPILOG)
+@verbose_option
 @click.option(
     "-o", "--output", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=Path("out"),
     show_default=True, help="Directory for libvgpu.so and libvgpu.so.json.",

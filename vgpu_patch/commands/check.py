@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from ..cli_options import emit_json, error_document, json_option, use_color
+from ..cli_options import emit_json, error_document, json_option, use_color, verbose_option
 from ..errors import UsageError, VgpuPatchError
 
 EPILOG = """\b
@@ -19,14 +19,15 @@ Examples:
 \b
 Exit status (a bitmask, like abidiff's):
   0  every rule passed (warnings allowed unless --strict)
-  1  tool error: empty/truncated/non-ELF/32-bit/wrong-arch file
+  1  a file cannot be checked: empty/truncated/non-ELF/32-bit/not x86_64 or aarch64
   2  usage error (also a file that does not exist)
-  4  incompatible: some rule failed
+  4  incompatible: some rule failed (an aarch64 build against an x86_64 vendor: elf-machine)
   8  --strict only: some rule warned (12 = 4|8)
 """
 
 
 @click.command("check", epilog=EPILOG)
+@verbose_option
 @click.argument("candidate", type=click.Path(path_type=Path))
 @click.option("--vendor", type=click.Path(path_type=Path), metavar="FILE",
               help="The vendor's libvgpu.so to compare with (default: the built-in reference surface).")

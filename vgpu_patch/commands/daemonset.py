@@ -7,7 +7,8 @@ from pathlib import Path
 
 import click
 
-from ..cli_options import emit_json, json_option
+from .. import verbosity
+from ..cli_options import emit_json, json_option, verbose_option
 
 EPILOG = """\b
 Examples:
@@ -28,6 +29,7 @@ Exit codes: 0 written; 2 usage error (bad label, name, path, image reference or 
 
 
 @click.command("daemonset", epilog=EPILOG)
+@verbose_option
 @click.option("--image", default=None, metavar="[REGISTRY/]REPOSITORY[:TAG|@sha256:DIGEST]",
               help="Agent image; the chart's image.registry, image.repository and image.tag "
                    "[default: vgpu-patch-agent:<version>, which no registry has: build and push it with "
@@ -124,6 +126,8 @@ def cli(image: str | None, image_pull_policy: str, namespace: str, name: str,
     opts.image = ImageRef.parse(image, image_pull_policy) if image else ImageRef(pull_policy=image_pull_policy)
     if node_selector:
         opts.node_selector = parse_node_selector(node_selector)
+    verbosity.log.debug("daemonset: image %s, namespace %s, rbac %s, node selector %s", opts.image.reference(),
+                        namespace, "yes" if rbac else "no", node_selector or "-")
     if as_json:
         docs = render_all(opts)
         doc = docs[0] if len(docs) == 1 else {"apiVersion": "v1", "kind": "List", "items": docs}

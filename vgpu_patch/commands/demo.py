@@ -8,6 +8,7 @@ from pathlib import Path
 
 import click
 
+from ..cli_options import verbose_option
 from ..demo import prepare_node
 from ..errors import EXIT_FAILED, EXIT_OK, VgpuPatchError
 
@@ -25,8 +26,11 @@ step's code.
 
 
 def _step(args: list[str]) -> int:
+    from .. import verbosity
     from ..cli import cli  # late: cli imports this module through its command table
 
+    if verbosity.level():  # each step is a run of its own: pass the demo's -v on, visibly
+        args = ["-" + "v" * verbosity.level(), *args]
     click.secho(f"\n$ vgpu-patch {' '.join(shlex.quote(a) for a in args)}", bold=True, err=True)
     try:
         rv = cli.main(args, prog_name="vgpu-patch", standalone_mode=False)
@@ -44,6 +48,7 @@ def _step(args: list[str]) -> int:
 
 
 @click.command("demo", epilog=EPILOG)
+@verbose_option
 @click.option("--workdir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Where to put out/ and node/ [default: a new temporary directory].")
 @click.option("--compiler", default=None, metavar="zig|gcc|PATH", help="Passed to `build`.")

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import click
 
+from .. import verbosity
 from ..cli_options import (
     allowed_signers_option,
     dry_run_option,
@@ -12,6 +13,7 @@ from ..cli_options import (
     json_option,
     stale_option,
     target_options,
+    verbose_option,
 )
 from ..deploy.candidate import inspect, verify_expected
 from ..deploy.cli_targets import default_operator, policy_from, progress, resolve_targets
@@ -34,10 +36,13 @@ Exit codes: 0 every node runs FILE's sha256; 1 failed (or --dry-run with changes
 
 
 @click.command("deploy", epilog=EPILOG)
+@verbose_option
 @click.argument("file", type=click.Path(dir_okay=False))
 @target_options
 @fleet_options
-@click.option("--install", is_flag=True, help="Install libvgpu.so where the target dir has no library yet.")
+@click.option("--install", is_flag=True,
+              help="Install libvgpu.so where the target dir has no library yet, creating the dir (0755) if it does "
+                   "not exist (it stays if the install then fails).")
 @click.option("--check/--no-check", "check", default=True, show_default=True,
               help="Run `vgpu-patch check` on FILE against each node's live file (fetched once per distinct "
                    "vendor file) and refuse on a blocking problem.")
@@ -81,7 +86,7 @@ def cli(file: str, install: bool, check: bool, expect_sha256: str | None, operat
     else:
         title = f"vgpu-patch deploy {cand.path.name} ({cand.sha256[:12]})" + (f", signed by {signer}" if signer else "")
         if dry_run:
-            plan_listing(fleet, title + " --dry-run", commands=bool(kw.get("verbose")))
+            plan_listing(fleet, title + " --dry-run", commands=verbosity.level() > 0)
         else:
             swap_table(fleet, title)
     raise SystemExit(fleet.exit_code(dry_run=dry_run))

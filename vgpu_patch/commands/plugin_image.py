@@ -5,7 +5,7 @@ from pathlib import Path
 
 import click
 
-from ..cli_options import dry_run_option, emit_json, existing_path, json_option
+from ..cli_options import dry_run_option, emit_json, existing_path, json_option, verbose_option
 
 EPILOG = """\b
 Examples:
@@ -20,6 +20,7 @@ Exit codes: 0 built (or --dry-run printed); 1 refused library, no builder, or th
 
 
 @click.command("plugin-image", epilog=EPILOG)
+@verbose_option
 @click.option("--from", "base", required=True, metavar="IMAGE", help="Your HAMi device-plugin image reference.")
 @click.option("--library", type=click.Path(dir_okay=False, path_type=Path), required=True,
               help="The built libvgpu.so (its build manifest LIBRARY.json must be beside it).")

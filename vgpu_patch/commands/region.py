@@ -5,7 +5,8 @@ import datetime
 
 import click
 
-from ..cli_options import emit_json, json_option
+from .. import verbosity
+from ..cli_options import emit_json, json_option, verbose_option
 from ..region import Region, read_region
 
 
@@ -48,6 +49,7 @@ def _render(r: Region) -> None:
 
 
 @click.group("region")
+@verbose_option
 def cli() -> None:
     """Inspect HAMi shared-region files (CUDA_DEVICE_MEMORY_SHARED_CACHE).
 
@@ -61,6 +63,7 @@ def cli() -> None:
 
 
 @cli.command("show")
+@verbose_option
 @click.argument("file", type=click.Path(dir_okay=False))
 @json_option
 def show(file: str, as_json: bool) -> None:
@@ -73,7 +76,8 @@ def show(file: str, as_json: bool) -> None:
       vgpu-patch region show /tmp/cudevshr.cache
       vgpu-patch region show --json /tmp/cudevshr.cache | jq '.devices[0].used'
     """
-    r = read_region(file)
+    with verbosity.step("region", f"read {file}"):
+        r = read_region(file)
     if as_json:
         emit_json(r.to_json())
     else:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from ..cli_options import emit_json, json_option
+from ..cli_options import emit_json, json_option, verbose_option
 from ..errors import EXIT_FAILED, EXIT_OK, EXIT_PARTIAL
 
 EPILOG = """\b
@@ -24,6 +24,7 @@ or some pods unknown (the API kept failing). Pods the report names on another no
 
 
 @click.command("restart-plan", epilog=EPILOG)
+@verbose_option
 @click.option("--node", "nodes", multiple=True, metavar="NAME", help="Only this node (repeatable) [default: all].")
 @click.option("-l", "--selector", default=None, help="Label selector for nodes, e.g. gpu=on.")
 @click.option("--evict", "do_evict", is_flag=True, help="Evict the listed pods through the Eviction API (PDBs apply).")

@@ -5,7 +5,16 @@ import re
 
 import click
 
-from ..cli_options import dry_run_option, emit_json, fleet_options, json_option, stale_option, target_options
+from .. import verbosity
+from ..cli_options import (
+    dry_run_option,
+    emit_json,
+    fleet_options,
+    json_option,
+    stale_option,
+    target_options,
+    verbose_option,
+)
 from ..deploy.cli_targets import default_operator, policy_from, progress, resolve_targets
 from ..deploy.fleet import run_fleet, stop_requested
 from ..deploy.render import plan_listing, swap_table
@@ -25,6 +34,7 @@ Exit codes: 0 every node restored (or already there); 1 failed (or --dry-run wit
 
 
 @click.command("rollback", epilog=EPILOG)
+@verbose_option
 @target_options
 @fleet_options
 @click.option("--to", "to_sha256", metavar="previous|vendor|SHA256", default="previous", show_default=True,
@@ -63,7 +73,7 @@ def cli(to_sha256: str, yes: bool, operator: str | None, stale: bool, dry_run: b
         emit_json({"dry_run": dry_run, **fleet.to_dict()})
     else:
         if dry_run:
-            plan_listing(fleet, "vgpu-patch rollback --dry-run", commands=bool(kw.get("verbose")))
+            plan_listing(fleet, "vgpu-patch rollback --dry-run", commands=verbosity.level() > 0)
         else:
             swap_table(fleet, "vgpu-patch rollback")
     raise SystemExit(fleet.exit_code(dry_run=dry_run))

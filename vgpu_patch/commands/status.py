@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import click
 
-from ..cli_options import emit_json, json_option, target_options
+from ..cli_options import emit_json, json_option, target_options, verbose_option
 from ..deploy.cli_targets import progress, resolve_targets
 from ..deploy.fleet import run_fleet
 from ..deploy.render import status_table
@@ -24,6 +24,7 @@ node without a libvgpu.so (or with an ambiguous one) counts as not done.
 
 
 @click.command("status", epilog=EPILOG)
+@verbose_option
 @target_options
 @click.option("--history", "history", default=5, show_default=True, type=click.IntRange(0),
               help="How many history entries to show per node.")

@@ -288,6 +288,12 @@ begin() {
   umask 022
 }
 
+# make_dir: --install on a node without the library directory: create it and its parents 0755 (begin's umask)
+make_dir() {
+  [ -d "$D" ] || { mkdir -p "$D" && chmod 0755 "$D"; } \
+    || fail "$E_WRITE" "cannot create $D (run as root, or check the path)"
+}
+
 # safe_state: the state dir is trusted only when nobody but its owner (root, when we are root) can change it
 # and it holds no symlinks: then nothing can redirect a write (lock, history, backups) after this check
 safe_state() {

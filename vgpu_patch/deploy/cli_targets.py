@@ -13,7 +13,7 @@ from typing import Callable
 import click
 
 from ..errors import UsageError
-from ..transport.base import Transport, set_verbosity
+from ..transport.base import Transport
 from .fleet import NodeOutcome, Policy
 from .swap import DEFAULT_DIR
 from .targets import HostSpec, SSHSettings, load_inventory, load_ssh_config, make_transport, parse_host
@@ -54,7 +54,6 @@ def _inventory_hint(kw: dict) -> str:
 
 def resolve_targets(kw: dict) -> Targets:
     """Turn the shared options into node specs and a transport factory; UsageError when none given."""
-    set_verbosity(int(kw.get("verbose") or 0))
     specs: list[HostSpec] = []
     if kw.get("local_root") is not None:
         specs.append(HostSpec(name="local" if kw["local_root"] == "/" else f"local:{kw['local_root']}",

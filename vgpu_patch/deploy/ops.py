@@ -22,7 +22,7 @@ SPACE_MARGIN = 1 << 20
 
 @dataclass(frozen=True)
 class Step:
-    kind: str  # prepare | upload | stage | verify | lock | backup | swap | record | report | noop
+    kind: str  # prepare | create | upload | stage | verify | lock | backup | swap | record | report | noop
     text: str
     sh: str = ""  # the node.sh calls this step sends ("" for a noop or a step run on this machine)
 
@@ -52,6 +52,9 @@ def preflight(facts: NodeFacts, cand: Candidate, node: str, live: LibFile | None
             f"{node}: {cand.path.name} needs GLIBC_{need} but the node has glibc {have}; "
             f"build with a glibc floor <= {have}"
         )
+    if not facts.dir_exists and not install:
+        raise DeployError(f"{where}: the directory does not exist (is HAMi installed? check --target-dir); "
+                          f"pass --install to create it and install {LIB} there")
     if live is None and not install:
         raise DeployError(f"{where}: no {LIB} here to replace; check --target-dir, or pass --install to install one")
     needed = space_needed(facts, cand, live)
@@ -81,6 +84,8 @@ def plan_swap(
         return
     state = f"{facts.target_dir}/{STATE}"
     yield Step("prepare", "set the parameters, the clean-up trap and the clock", params + "\nbegin")
+    if not facts.dir_exists:  # only with --install (preflight refuses it otherwise)
+        yield Step("create", f"create {facts.target_dir} (mode 0755, with its parents)", "make_dir")
     yield Step("verify", f"refuse {state} if it holds symlinks or (as root) anything not root's alone", "safe_state")
     yield Step("lock", f"take {state}/lock", "lock" + ("\n" + in_lock if in_lock else ""))
     if receive is not None:  # the candidate follows the calls on the session's stdin

@@ -20,8 +20,10 @@ Exit status (a bitmask, as abidiff's; scripts test bits):
 """
 from __future__ import annotations
 
+from contextlib import nullcontext
 from pathlib import Path
 
+from .. import verbosity
 from ..errors import ElfError, UsageError
 from .facts import ElfFacts, read_facts
 from .glibc import glibc_floor_of_libc, glibc_requirements, parse_floor, requirements_of
@@ -47,13 +49,13 @@ def check_file(candidate: Path, *, vendor: Path | None = None, glibc: str | None
     floor = parse_floor(glibc)
     if arch is not None and arch not in SUPPORTED_ARCHES:
         raise UsageError(f"unknown --arch {arch!r}; use one of {', '.join(SUPPORTED_ARCHES)}")
-    cand = read_facts(Path(candidate), role="candidate")
-    vend = read_facts(Path(vendor), role="vendor") if vendor is not None else None
+    with verbosity.step("check", f"read the candidate {candidate}"):
+        cand = read_facts(Path(candidate), role="candidate")
+    with verbosity.step("check", f"read the vendor file {vendor}") if vendor is not None else nullcontext():
+        vend = read_facts(Path(vendor), role="vendor") if vendor is not None else None
+    # a candidate for another machine is checked in full: its elf-machine rule fails (exit 4), like any
+    # other incompatibility; only a file that cannot be read as a supported ELF is an error (exit 1)
     want = arch or (vend.arch if vend else None)
-    if want and cand.arch != want:
-        whose = f"--arch {arch}" if arch else f"the vendor file ({want})"
-        raise ElfError(f"candidate {candidate} is {cand.arch}, but {whose} asks for {want}; "
-                       f"build for {want} or check it with --arch {cand.arch}")
     if vend is not None and arch and vend.arch != arch:
         raise ElfError(f"vendor {vendor} is {vend.arch}, but --arch asks for {arch}; give the {arch} vendor build")
 
@@ -66,7 +68,7 @@ def check_file(candidate: Path, *, vendor: Path | None = None, glibc: str | None
         surface, internal = ref.surface, ref.internal
         described = f"the built-in reference surface ({len(surface)} names)"
     ctx = Context(cand=cand, vendor=vend, surface=surface, internal=internal, glibc_floor=floor,
-                  arch=cand.arch or "")
+                  arch=cand.arch or "", want_arch=want, want_from=f"--arch {arch}" if arch else "the vendor file")
     report = Report(
         candidate=str(candidate),
         vendor=str(vendor) if vendor is not None else None,

@@ -38,6 +38,8 @@ class Context:
     internal: frozenset[str]  # the vendor's leaked helpers (must not be exported)
     glibc_floor: str | None
     arch: str
+    want_arch: str | None = None  # the machine asked for: --arch, else the vendor file's
+    want_from: str = ""  # who asks: "--arch aarch64" or "the vendor file"
 
     @property
     def ref(self) -> str:
@@ -91,6 +93,10 @@ def elf_class(c: Context) -> RuleResult:
 
 
 def elf_machine(c: Context) -> RuleResult:
+    if c.want_arch and c.arch != c.want_arch:
+        return RuleResult("elf-machine", "fail",
+                          f"{c.cand.machine} ({c.arch}), but {c.want_from} is {c.want_arch}: it cannot be loaded "
+                          f"there; build with --arch {c.want_arch}", (c.arch,))
     same = ", same as the vendor's" if c.vendor else ""
     return RuleResult("elf-machine", "pass", f"{c.cand.machine} ({c.arch}){same}")
 

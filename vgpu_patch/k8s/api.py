@@ -5,7 +5,8 @@ Configuration, first match wins:
   http://127.0.0.1:8001, which handles every authentication a kubeconfig can name;
 - in-cluster: KUBERNETES_SERVICE_HOST/PORT and the pod's service-account token and CA;
 - a kubeconfig (`--kubeconfig`, $KUBECONFIG, ~/.kube/config): its current context's server, CA, bearer
-  token or client certificate; an `exec` or `auth-provider` user is refused with a hint to use kubectl proxy.
+  token or client certificate, or an `exec` credential plugin run as client-go runs it (exec_credential.py:
+  EKS, GKE, AKS, OIDC); a legacy `auth-provider` user is refused with a hint to move to its exec plugin.
 Every failure is an `ApiError` with a one-line message naming the request.
 """
 from __future__ import annotations
@@ -25,7 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .. import verbosity
 from ..errors import DeployError, UsageError
+from .exec_credential import ExecPlugin
 
 SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 
@@ -56,6 +59,7 @@ class Client:
     timeout: float = 10.0
     read_retries: int = 3  # a GET that fails transiently is asked again after 0.25, 0.5, 1 s
     retry_base: float = 0.25
+    exec_plugin: ExecPlugin | None = None  # a kubeconfig user's credential plugin: token or client certificate
 
     def _context(self) -> ssl.SSLContext | None:
         if not self.server.startswith("https:"):
@@ -64,11 +68,20 @@ class Client:
         if self.insecure:
             ctx.check_hostname = False
             ctx.verify_mode = ssl.CERT_NONE
-        if self.cert_file:
-            ctx.load_cert_chain(self.cert_file, self.key_file)
+        cert, key = self.cert_file, self.key_file
+        if self.exec_plugin is not None:
+            cred = self.exec_plugin.credential()
+            if cred.cert_file:
+                cert, key = cred.cert_file, cred.key_file
+        if cert:
+            ctx.load_cert_chain(cert, key)
         return ctx
 
     def _token(self) -> str | None:
+        if self.exec_plugin is not None:
+            token = self.exec_plugin.credential().token
+            if token:
+                return token
         if self.token_file is not None:
             try:
                 return self.token_file.read_text().strip()
@@ -79,11 +92,15 @@ class Client:
     def request(self, method: str, path: str, body: Any = None, *, content_type: str = "application/json",
                 query: dict[str, str] | None = None, ok: tuple[int, ...] = (200, 201)) -> dict:
         """One API call; a GET (safe to repeat) is retried with backoff on 429, 5xx or no answer."""
-        retries, attempt = (self.read_retries if method == "GET" else 0), 0
+        retries, attempt, renewed = (self.read_retries if method == "GET" else 0), 0, False
         while True:
             try:
                 return self._once(method, path, body, content_type, query, ok)
             except ApiError as e:
+                if e.status == 401 and self.exec_plugin is not None and not renewed:
+                    self.exec_plugin.forget()  # expired or revoked early: the plugin's next answer, once
+                    renewed = True
+                    continue
                 if attempt >= retries or not e.transient:
                     raise
                 time.sleep(self.retry_base * 2 ** attempt)
@@ -101,7 +118,8 @@ class Client:
         if token:
             req.add_header("Authorization", f"Bearer {token}")
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout, context=self._context()) as resp:
+            with verbosity.step("kube", f"{method} {path}", self.server), \
+                    urllib.request.urlopen(req, timeout=self.timeout, context=self._context()) as resp:
                 raw = resp.read()
                 status = resp.status
         except urllib.error.HTTPError as e:
@@ -203,6 +221,7 @@ def from_kubeconfig(path: Path | str | None = None, context: str | None = None) 
     files = [Path(path)] if path else [Path(p) for p in os.environ.get("KUBECONFIG", "").split(os.pathsep) if p] or \
         [Path.home() / ".kube" / "config"]
     cfg: dict = {}
+    user_dirs: dict[str, Path] = {}  # a user's exec command may be relative to the file that names it
     for f in files:
         try:
             doc = yaml.safe_load(f.read_text()) or {}
@@ -214,6 +233,9 @@ def from_kubeconfig(path: Path | str | None = None, context: str | None = None) 
             raise UsageError(f"{f}: not a kubeconfig (expected a mapping at the top)")
         for section in ("clusters", "users", "contexts"):
             cfg.setdefault(section, []).extend(doc.get(section) or [])
+        for item in doc.get("users") or []:
+            if isinstance(item, dict) and isinstance(item.get("name"), str):
+                user_dirs.setdefault(item["name"], f.resolve().parent)
         cfg.setdefault("current-context", doc.get("current-context"))
     if not cfg:
         raise UsageError(f"no kubeconfig found ({', '.join(map(str, files))}); give --kubeconfig or --api-server")
@@ -227,10 +249,15 @@ def from_kubeconfig(path: Path | str | None = None, context: str | None = None) 
 
     ctx = pick("contexts", name)
     cluster, user = pick("clusters", ctx.get("cluster")), pick("users", ctx.get("user"))
-    if "exec" in user or "auth-provider" in user:
-        raise UsageError(f"kubeconfig user {ctx.get('user')!r} authenticates through a plugin, which this tool "
-                         "does not run; "
-                         "start `kubectl proxy` and pass --api-server http://127.0.0.1:8001")
+    if "auth-provider" in user:
+        provider = (user.get("auth-provider") or {}).get("name") or "?"
+        raise UsageError(f"kubeconfig user {ctx.get('user')!r} uses the legacy auth-provider {provider!r} (gone from "
+                         "kubectl since 1.26); switch it to its exec plugin (gke-gcloud-auth-plugin, kubelogin), "
+                         "or start `kubectl proxy` and pass --api-server http://127.0.0.1:8001")
+    plugin = None
+    if user.get("exec"):
+        plugin = ExecPlugin.from_kubeconfig(str(ctx.get("user")), user["exec"], cluster,
+                                            user_dirs.get(str(ctx.get("user")), Path.cwd()))
     ca: str | None = cluster.get("certificate-authority")
     if cluster.get("certificate-authority-data"):
         ca = _data_file(cluster["certificate-authority-data"], ".crt")
@@ -242,7 +269,8 @@ def from_kubeconfig(path: Path | str | None = None, context: str | None = None) 
         key = _data_file(user["client-key-data"], ".key")
     token_file = Path(user["tokenFile"]) if user.get("tokenFile") else None
     return Client(str(cluster.get("server") or ""), token=user.get("token"), token_file=token_file, ca_file=ca,
-                  cert_file=cert, key_file=key, insecure=bool(cluster.get("insecure-skip-tls-verify")))
+                  cert_file=cert, key_file=key, insecure=bool(cluster.get("insecure-skip-tls-verify")),
+                  exec_plugin=plugin)
 
 
 def connect(server: str | None = None, *, token_file: Path | None = None, kubeconfig: Path | None = None,

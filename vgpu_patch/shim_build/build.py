@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .. import __version__
+from .. import __version__, verbosity
 from ..digest import sha256_file
 from ..elf import proof
 from ..errors import BuildError, UsageError
@@ -113,7 +113,8 @@ _SCRIPT_ENV = ("SOURCE_DATE_EPOCH", "LC_ALL", "TZ", "ZIG_GLOBAL_CACHE_DIR", "ZIG
 
 def _run(argv: list[str], *, cwd: Path, env: dict[str, str], what: str, log_dir: Path) -> None:
     try:
-        p = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S)
+        with verbosity.step("build", what, verbosity.describe(shlex.join(argv))):
+            p = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S)
         rc, err = p.returncode, p.stderr + p.stdout
     except subprocess.TimeoutExpired:
         rc, err = -1, f"error: timed out after {COMPILE_TIMEOUT_S}s"

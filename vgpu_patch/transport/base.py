@@ -8,51 +8,19 @@ from __future__ import annotations
 
 import logging
 import shlex
-import sys
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from .. import verbosity
 from ..errors import AuthFailure, DeployError
 
 # -v/--debug: what runs on each node, and how long it took, on stderr (never on stdout: --json stays clean)
 log = logging.getLogger("vgpu_patch.node")
-_verbosity = 0
-
-
-class _Stderr(logging.StreamHandler):
-    """Writes to whatever sys.stderr is now (a test runner swaps it between runs), never a stale stream."""
-
-    @property
-    def stream(self) -> object:
-        return sys.stderr
-
-    @stream.setter
-    def stream(self, _value: object) -> None:
-        pass
-
-
-def set_verbosity(level: int) -> None:
-    """0 quiet; 1 one line per node command, connection and file copy, with timings; 2 whole commands too."""
-    global _verbosity
-    _verbosity = level
-    if level and not log.handlers:
-        handler = _Stderr()
-        handler.setFormatter(logging.Formatter("vgpu-patch: debug: %(relativeCreated)7.0f ms %(message)s"))
-        log.addHandler(handler)
-        log.propagate = False
-    log.setLevel(logging.DEBUG if level else logging.WARNING)
-
-
-def describe(cmd: str) -> str:
-    """A command as -v shows it: its first line and size, or (with -vv) all of it."""
-    if _verbosity >= 2:
-        return "\n" + cmd
-    lines = [ln for ln in cmd.splitlines() if ln.strip()]
-    head = lines[0].strip()[:100] if lines else ""
-    return head if len(lines) <= 1 else f"{head} ... ({len(lines)} lines, {len(cmd)} bytes; -vv shows all)"
+set_verbosity = verbosity.set_level  # the names this module has always offered
+describe = verbosity.describe
 
 
 class Timed:

@@ -13,6 +13,7 @@ import base64
 import contextlib
 import hashlib
 import os
+import shlex
 import socket
 import threading
 from collections.abc import Sequence
@@ -26,6 +27,7 @@ from .known_hosts import KnownHosts, lookup_name
 from .sshconfig import DEFAULT_GLOBAL_KNOWN_HOSTS
 
 DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
+_NO_KEY = "No authentication methods available"
 _CHUNK = 32768
 
 
@@ -73,6 +75,20 @@ class _HostKeyPolicy(paramiko.MissingHostKeyPolicy):
 
 
 _KNOWN_HOSTS_LOCK = threading.Lock()
+
+
+def _files_with_key(kh: KnownHosts, name: str, key: paramiko.PKey) -> list[str]:
+    """The known_hosts files whose lines for `name` hold `key`, in the order they are read."""
+    blob = key.asbytes()
+    files = [e.where.rsplit(":", 1)[0] for e in kh.for_host(name) if e.key_blob == blob]
+    return list(dict.fromkeys(files))
+
+
+def forget_command(name: str, files: Sequence[str]) -> str:
+    """The exact `ssh-keygen -R` that removes `name`'s lines from `files` (`-f` unless it is ssh's own default)."""
+    default = os.path.expanduser(DEFAULT_KNOWN_HOSTS)
+    return " && ".join(f"ssh-keygen -R {shlex.quote(name)}"
+                       + ("" if os.path.abspath(f) == default else f" -f {shlex.quote(f)}") for f in files)
 
 
 def _open_private(sftp: paramiko.SFTPClient, path: str) -> paramiko.SFTPFile:
@@ -204,10 +220,11 @@ class SSHTransport(Transport):
                 raise
             except paramiko.BadHostKeyException as e:
                 client.close()
+                files = _files_with_key(kh, name, e.expected_key) or [str(self.known_hosts)]
                 raise HostKeyError(
-                    f"{self.name}: host key CHANGED (got {fingerprint(e.key)}, {self.known_hosts} has "
+                    f"{self.name}: host key CHANGED (got {fingerprint(e.key)}, {', '.join(files)} has "
                     f"{fingerprint(e.expected_key)}); refusing: possible impersonation. If the node was "
-                    f"reinstalled, remove the old key with ssh-keygen -R"
+                    f"reinstalled, verify its new key, then remove the old one: {forget_command(name, files)}"
                 ) from e
             except paramiko.AuthenticationException as e:
                 client.close()
@@ -216,12 +233,21 @@ class SSHTransport(Transport):
                 ) from e
             except (OSError, paramiko.SSHException, EOFError) as e:
                 client.close()
+                if str(e) == _NO_KEY:  # paramiko: neither a key file nor the agent had a key to offer
+                    raise AuthFailure(self._no_key_offered()) from e
                 via = f" through ProxyCommand {self.proxy_command!r}" if self.proxy_command else ""
                 raise ConnectionFailure(
                     f"{self.name}: cannot connect{via} ({e or type(e).__name__}); check host, port and network"
                 ) from e
             self._client = client
             return client
+
+    def _no_key_offered(self) -> str:
+        agent = "no ssh-agent (SSH_AUTH_SOCK unset)" if not os.environ.get("SSH_AUTH_SOCK") else (
+            "an ssh-agent holding no key" if self.allow_agent else "the agent not used")
+        return (f"{self.name}: no SSH key was offered for {self.user} (no -i, no IdentityFile, no default key in "
+                f"~/.ssh, {agent}); give one with -i KEY, IdentityFile in ~/.ssh/config or the inventory's "
+                f"ansible_ssh_private_key_file, or load it with ssh-add")
 
     def _lost(self, doing: str, e: BaseException | None = None) -> ConnectionFailure:
         """The link is gone: drop the client (the next use re-dials) and say what was cut off."""
