@@ -32,7 +32,8 @@
  * - an entry is whoever holds its liveness lock: an OFD lock on the entry's byte past the end of
  *   the board, kept by the kernel while the owner lives and dropped when it dies, which no write to
  *   the file can take away; the writer rewrites its whole entry on every mark, so a zeroed or junk
- *   entry is mended within a millisecond of its owner's next launch;
+ *   entry is mended within a millisecond of its owner's next launch; a tenant that holds every lock
+ *   does not keep newcomers off: they use entries that show no use, without the lock;
  * - an entry counts only when its checksum holds and its times make sense (a stretch ending more
  *   than HOLD_NS ahead, a running sum growing faster than the clock: not believed); a live owner's
  *   entry that reads as junk keeps the rate of growth last seen, and once readable again its real
@@ -63,6 +64,7 @@
 #define HOLD_NS 10000000000ll  /* a thread waiting for the GPU holds the mark for up to 10 s */
 #define MARK_EVERY_NS 1000000ll
 #define LIVENESS_EVERY_NS 100000000ll
+#define TAKEOVER_NS 1000000000ll /* a full board: an entry idle this long may be used without its lock */
 #define SAMPLE_EVERY_NS 250000ll /* looks closer together than this add no sample */
 #define HIST 512                 /* samples kept: at a harvest every 2 ms, a second of history */
 #define MAX_OTHERS 8             /* no look counts more than this many others busy at once */
@@ -102,6 +104,7 @@ static struct board {
     int state;           /* 0 not tried, 1 joined, -1 unusable */
     int fd;              /* the board; our entry's liveness lock is on this description */
     int index;           /* our entry, 1..ENTRIES */
+    int locked;          /* we hold its liveness lock (else it was taken from a tenant holding every lock) */
     entry_t mine;        /* our entry as we last wrote it */
     int64_t marked;      /* our last busy mark */
     int waiting;         /* threads inside a wait for the GPU */
@@ -151,9 +154,32 @@ static uint64_t checksum(const entry_t *e)
 
 /* ---- our entry ---- */
 
+static int readable(const entry_t *e, int64_t now, int64_t *running);
+static int find_entry(struct board *b, int64_t now);
+static int live_lock(int fd, int i, short type, int probe);
+
+/* mu held: an entry taken without its lock (find_entry) is ours until its lock holder writes a real entry
+ * there; then we move. Its lock is taken as soon as nobody holds it. */
+static void keep_unlocked(struct board *b)
+{
+    entry_t there;
+    int64_t now = fine_ns(), running;
+    int i;
+
+    if (live_lock(b->fd, b->index, F_WRLCK, 0) == 0) {
+        b->locked = 1;
+        return;
+    }
+    if (pread(b->fd, &there, sizeof there, (off_t)(sizeof(entry_t) * (size_t)b->index)) == (ssize_t)sizeof there &&
+        there.owner != nonce && !there.freed && readable(&there, now, &running) && (i = find_entry(b, now)) > 0)
+        b->index = i; /* our running sum moves with us: readers follow the owner word */
+}
+
 /* mu held: write our whole entry (a zeroed or junk copy in the file is mended by it) */
 static void put_mine(struct board *b)
 {
+    if (!b->locked)
+        keep_unlocked(b);
     b->mine.gen++;
     b->mine.sum = checksum(&b->mine);
     if (pwrite(b->fd, &b->mine, sizeof b->mine, (off_t)(sizeof(entry_t) * (size_t)b->index)) !=
@@ -300,21 +326,46 @@ static int live_lock(int fd, int i, short type, int probe)
     return probe ? l.l_type != F_UNLCK : 0;
 }
 
-/* mu held: the first entry whose liveness lock nobody holds is ours, whatever the file says of it */
-static int claim(struct board *b, int64_t now)
+/* mu held: an entry for us. The first whose liveness lock nobody holds is ours, whatever the file says of
+ * it. When someone holds every lock (a tenant filling the board, or 63 processes), one whose content shows
+ * no use (junk, freed, or idle for TAKEOVER_NS) is taken without its lock; put_mine() gives it up when its
+ * lock holder writes a real entry there again. -1 when there is none. */
+static int find_entry(struct board *b, int64_t now)
 {
+    entry_t copy[ENTRIES + 1];
+    ssize_t n;
+    int64_t running;
     int i;
+
     for (i = 1; i <= ENTRIES; i++)
         if (live_lock(b->fd, i, F_WRLCK, 0) == 0) {
-            memset(&b->mine, 0, sizeof b->mine);
-            b->mine.owner = nonce;
-            b->mine.since = b->mine.until = b->mine.born = now;
-            b->mine.pid = (int32_t)getpid();
-            b->index = i;
-            put_mine(b);
-            return 0;
+            b->locked = 1;
+            return i;
+        }
+    n = pread(b->fd, copy, sizeof copy, 0);
+    for (i = 1; i <= ENTRIES; i++)
+        if (i != b->index && ((size_t)n < sizeof(entry_t) * (size_t)(i + 1) || !readable(&copy[i], now, &running) ||
+                              copy[i].freed || copy[i].until < now - TAKEOVER_NS)) {
+            b->locked = 0;
+            return i;
         }
     return -1;
+}
+
+/* mu held: take an entry and write our fresh one there */
+static int claim(struct board *b, int64_t now)
+{
+    int i = find_entry(b, now);
+
+    if (i < 0)
+        return -1;
+    memset(&b->mine, 0, sizeof b->mine);
+    b->mine.owner = nonce;
+    b->mine.since = b->mine.until = b->mine.born = now;
+    b->mine.pid = (int32_t)getpid();
+    b->index = i;
+    put_mine(b);
+    return 0;
 }
 
 static void look_locked(struct board *b, int64_t now);

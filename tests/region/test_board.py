@@ -334,6 +334,22 @@ def test_forged_busy_entries_are_bounded(board: Board) -> None:
         os.close(fd)
 
 
+def test_a_tenant_holding_every_entry_keeps_nobody_off(board: Board) -> None:
+    """Holding all 63 liveness locks (idle or junk under them) does not keep newcomers off the board: they use
+    entries that show no use, without the lock, and see each other."""
+    board.path.write_bytes(b"\0" * (ENTRY * (ENTRIES + 1)))
+    fd = hold_locks(board.path, range(1, ENTRIES + 1))
+    try:
+        r = board.reader()
+        t0 = r.look()
+        bursts = board.bursts(20, 0)
+        t1 = r.look()
+        busy, _ = r.read(t0, t1)
+        between(busy, bursts, t0, t1)
+    finally:
+        os.close(fd)
+
+
 @pytest.mark.parametrize("kind", ["symlink", "hardlink", "fifo"])
 def test_a_board_that_is_not_a_plain_file_is_not_used(board: Board, board_exe: Path, tmp_path: Path,
                                                       kind: str) -> None:

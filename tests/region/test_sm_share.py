@@ -256,6 +256,22 @@ def test_a_vandalised_board_moves_no_share(sliced: Node, attack: str) -> None:
     assert min(a, b) >= 0.85 * 0.5 * C2 and max(a, b) <= 0.53, (a, b)
 
 
+def test_a_tenant_filling_the_board_bends_no_share(sliced: Node) -> None:
+    """A tenant holds all 63 entries' liveness locks before two 50s start (claiming every free entry sent them
+    to 0.33 / 0.34 on the H200 with the old board): they use idle entries without the lock and keep their
+    bands."""
+    import test_board as tb
+
+    board = sliced.tmp / "node" / BOARD
+    board.write_bytes(b"\0" * 64 * 64)
+    fd = tb.hold_locks(board, range(1, 64))
+    try:
+        a, b = sliced.arrivals([(50, 0.0), (50, 0.3)])
+    finally:
+        os.close(fd)
+    assert min(a, b) >= 0.9 * 0.5 * C2 and max(a, b) <= 0.53, (a, b)
+
+
 def test_forged_contention_gains_nothing(sliced: Node) -> None:
     """Busy entries forged over the whole board, their liveness locks held by the forger, claim 62 busy
     neighbours: the limiter believes no more of them than the GPU's own process count (NVML), so a 10 beside
