@@ -65,5 +65,6 @@ def verify_image(library: Path | str, *, sha256: str | None = None, manifest: Pa
             f"image library {library} has sha256 {cand.sha256}, but {source} expects {want}: "
             "the image is damaged or mismatched; rebuild it, nothing on the host was touched"
         )
-    signature = verified(library, allowed_signers) if allowed_signers else None
+    # the snapshot's copy of the library and its .sig: what was hashed is what is verified and installed
+    signature = verified(cand.path, allowed_signers, shown=library) if allowed_signers else None
     return ImageLibrary(library, cand.sha256, cand.ours_version, cand, signature)

@@ -58,10 +58,12 @@ def cli(file: str, install: bool, check: bool, expect_sha256: str | None, operat
     verified again, history recorded. A node left mid-way still has a whole file (old or new).
     """
     existing_path("FILE", file)
-    cand = inspect(file)  # fails early, locally, on a file that is not a shared object
+    # FILE (and its .sig) read once, into a private snapshot: the sha256, the ELF check, the signature and the
+    # upload all come from that copy; fails early, locally, on a file that is not a shared object
+    cand = inspect(file)
     verify_expected(cand, expect_sha256)
     # before any node is reached: an unsigned, foreign-signed or changed file goes nowhere
-    signature = verified(cand.path, allowed_signers) if allowed_signers else None
+    signature = verified(cand.path, allowed_signers, shown=cand.source) if allowed_signers else None
     signer = signature.signer if signature else None
     targets = resolve_targets(kw)
     policy = policy_from(kw, len(targets.specs))
@@ -76,7 +78,7 @@ def cli(file: str, install: bool, check: bool, expect_sha256: str | None, operat
     with progress(len(targets.specs), "deploy") as done:
         fleet = run_fleet(targets.specs, op, targets.connect, parallel=parallel, policy=policy, on_done=done)
     if as_json:
-        emit_json({"file": str(cand.path), "sha256": cand.sha256, "dry_run": dry_run,
+        emit_json({"file": str(cand.source), "sha256": cand.sha256, "dry_run": dry_run,
                    "signer": signer and signer.to_dict(), **fleet.to_dict()})
     else:
         title = f"vgpu-patch deploy {cand.path.name} ({cand.sha256[:12]})" + (f", signed by {signer}" if signer else "")
