@@ -113,6 +113,7 @@ class NodeStatus:
     delivered_by_plugin: bool = False  # the device plugin's image installed it (vgpu-patch plugin-image)
     other_files: list[str] = field(default_factory=list)  # every other libvgpu.so*: leftovers, old versions
     signer: dict | None = None  # who signed the live file ({"principal", "key"}, verified when it was deployed)
+    state_unsafe: bool = False  # the state dir is not read through (a symlink, not root's): `problem` says why
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -436,6 +437,7 @@ def node_status(t: Transport, target_dir: str = DEFAULT_DIR, *, history: int = 5
         delivered_by_plugin=by_plugin,
         other_files=F.other_files(facts),
         signer=facts.signer(live.sha256) if live else None,
+        state_unsafe=facts.state_problem is not None,
     )
 
 
