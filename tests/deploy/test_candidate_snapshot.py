@@ -117,3 +117,16 @@ def test_a_candidate_that_changes_size_while_read_is_refused_naming_it(tmp_path:
     code, _, err = deploy_in_process(["deploy", "--no-check", "--local", str(root), str(fifo)], capsys)
     assert code == 1 and f"candidate {fifo} is not a regular file" in err, err  # and did not block on the FIFO
     assert (d / "libvgpu.so").read_bytes() == libs["vendor"].read_bytes()
+
+
+def test_an_oversized_signature_is_read_bounded_and_refused(tmp_path: Path, libs: dict[str, Path], allowed,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    root = tmp_path / "node"
+    make_node(root, libs["vendor"])
+    cand = tmp_path / "libvgpu.so"
+    shutil.copyfile(libs["v1"], cand)
+    big = "-----BEGIN SSH SIGNATURE-----\n" + ("A" * 76 + "\n") * 2000 + "-----END SSH SIGNATURE-----\n"
+    cand.with_name("libvgpu.so.sig").write_text(big)  # 150 KiB: no signature is that long
+    code, _, err = deploy_in_process(["deploy", "--no-check", "--local", str(root), "--allowed-signers",
+                                      str(allowed[0]), str(cand)], capsys)
+    assert code == 1 and f"{cand.with_name('libvgpu.so.sig')}: not an OpenSSH signature" in err, err

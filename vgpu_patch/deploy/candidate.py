@@ -36,7 +36,7 @@ MACHINES = {
 OURS_RE = re.compile(rb"vgpu-patch-shim ([0-9A-Za-z.+~_-]+)")
 
 
-SIG_MAX = 64 << 10  # an armored SSHSIG is under 1 KiB; a larger `.sig` is not copied (and so not trusted)
+SIG_MAX = 64 << 10  # an armored SSHSIG is under 1 KiB; of a larger `.sig` only this much is copied (and refused)
 _CHUNK = 1 << 20
 
 
@@ -123,18 +123,17 @@ def _copy_bounded(f: BinaryIO, copy: Path, limit: int) -> tuple[str, int]:
 
 
 def _copy_signature(source: Path, copy: Path) -> None:
-    """`<source>.sig`, read once into `<copy>.sig` when it is a regular file of a signature's size."""
+    """`<source>.sig`, read once (at most SIG_MAX + 1 bytes: more is no signature) into `<copy>.sig`, when it is a
+    regular file."""
     try:
         fd = os.open(signature_path(source), os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
         return  # none (or unreadable): the copy is unsigned, and a signature check says so
     with os.fdopen(fd, "rb") as f:
         if stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-            data = f.read(SIG_MAX + 1)
-            if len(data) <= SIG_MAX:
-                sig = signature_path(copy)
-                sig.write_bytes(data)
-                sig.chmod(0o400)
+            sig = signature_path(copy)
+            sig.write_bytes(f.read(SIG_MAX + 1))
+            sig.chmod(0o400)
 
 
 def inspect(path: Path | str) -> Candidate:
