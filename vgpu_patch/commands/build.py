@@ -65,10 +65,12 @@ def _run_check(library: Path, glibc: str, arch: str) -> tuple[Any | None, str | 
 @click.option("--sign", "sign_key", type=click.Path(dir_okay=False, path_type=Path), default=None,
               metavar="KEY",
               help="Sign the library with this OpenSSH key (ssh-keygen -Y sign, namespace vgpu-patch; a public "
-                   "key works when ssh-agent holds its private half) into libvgpu.so.sig.")
+                   "key works when ssh-agent holds its private half) into libvgpu.so.sig; also write the build's "
+                   "provenance (in-toto statement, SLSA v1) as libvgpu.so.intoto.json, signed the same way.")
 @click.option("--reproduce", "reproduce_manifest", type=click.Path(dir_okay=False, path_type=Path),
               default=None, metavar="MANIFEST",
-              help="Rebuild what this build manifest (libvgpu.so.json) describes, in a temporary directory, and "
+              help="Rebuild what this build manifest (libvgpu.so.json, or the provenance libvgpu.so.intoto.json "
+                   "that carries it) describes, in a temporary directory, and "
                    "compare its sha256 with the recorded one; writes nothing. It uses this install's compiler of "
                    "the manifest's kind (the compiler the manifest names is compared, never run) and names every "
                    "define a release build does not have.")
@@ -96,9 +98,16 @@ def cli(out_dir: Path, arch: str | None, glibc: str, compiler: str | None, profi
     m = result.manifest
     doc: dict[str, Any] = {"library": str(result.library), "manifest_path": str(result.manifest_path), "build": m}
     if sign_key is not None:
+        from .. import provenance
+        from ..install import origin
         from ..signing import sign
 
         doc["signature"] = str(sign(result.library, sign_key))
+        # the build's provenance beside it (in-toto, SLSA v1), signed with the same key; the commit is this
+        # install's, so only for the package's own c_src
+        statement = provenance.write(result.library, m, origin().commit if src_dir is None else None)
+        doc["provenance"] = str(statement)
+        doc["provenance_signature"] = str(sign(statement, sign_key))
 
     report, skipped = (None, "drop-in check skipped (--no-check)") if no_check else _run_check(
         result.library, m["glibc_floor"], m["arch"])
@@ -116,6 +125,7 @@ def cli(out_dir: Path, arch: str | None, glibc: str, compiler: str | None, profi
         click.echo(f"manifest     {result.manifest_path}")
         if "signature" in doc:
             click.echo(f"signature    {doc['signature']}")
+            click.echo(f"provenance   {doc['provenance']} (signed: {doc['provenance_signature']})")
         if report is not None:
             click.echo(importlib.import_module("vgpu_patch.elf.check").render_table(report))
     if skipped:

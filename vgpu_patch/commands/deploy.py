@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import click
 
+from .. import provenance
 from ..cli_options import (
     allowed_signers_option,
     dry_run_option,
@@ -65,6 +66,8 @@ def cli(file: str, install: bool, check: bool, expect_sha256: str | None, operat
     # before any node is reached: an unsigned, foreign-signed or changed file goes nowhere
     signature = verified(cand.path, allowed_signers, shown=cand.source) if allowed_signers else None
     signer = signature.signer if signature else None
+    # the build's provenance, when beside FILE: checked like the library (and from the same snapshot), then shown
+    prov = provenance.verified(cand.path, cand.sha256, allowed_signers, shown=cand.source) if allowed_signers else None
     targets = resolve_targets(kw)
     policy = policy_from(kw, len(targets.specs))
     req = SwapRequest(operator or default_operator(), "deploy", cand, tool=DEFAULT_TOOL, install=install, check=check,
@@ -79,9 +82,10 @@ def cli(file: str, install: bool, check: bool, expect_sha256: str | None, operat
         fleet = run_fleet(targets.specs, op, targets.connect, parallel=parallel, policy=policy, on_done=done)
     if as_json:
         emit_json({"file": str(cand.source), "sha256": cand.sha256, "dry_run": dry_run,
-                   "signer": signer and signer.to_dict(), **fleet.to_dict()})
+                   "signer": signer and signer.to_dict(), "provenance": prov and prov.to_dict(), **fleet.to_dict()})
     else:
         title = f"vgpu-patch deploy {cand.path.name} ({cand.sha256[:12]})" + (f", signed by {signer}" if signer else "")
+        title += f"; {prov}" if prov else ""
         if dry_run:
             plan_listing(fleet, title + " --dry-run", commands=bool(kw.get("verbose")))
         else:

@@ -19,6 +19,8 @@ from ..elf.facts import image, read_facts
 from ..elf.glibc import requirements_of
 from ..elf.reader import MAX_BYTES
 from ..errors import ElfError
+from ..provenance import MAX_BYTES as STATEMENT_MAX
+from ..provenance import statement_path
 from ..signing import signature_path
 
 __all__ = ["MACHINES", "OURS_RE", "Candidate", "inspect", "parse_glibc", "sha256_file", "snapshot",
@@ -78,8 +80,9 @@ def parse_glibc(text: str) -> tuple[int, int] | None:
 
 
 def snapshot(source: Path | str, role: str = "candidate") -> Snapshot:
-    """Read `source` once (bounded by the ELF reader's limit) into a new 0700 directory, with its `.sig` beside it
-    when it has one; ElfError (one line, naming `source`) when it is not a regular file that reads whole."""
+    """Read `source` once (bounded by the ELF reader's limit) into a new 0700 directory, with its `.sig`, its
+    provenance statement and that one's `.sig` beside it when it has them; ElfError (one line, naming `source`)
+    when it is not a regular file that reads whole."""
     source = Path(source)
     try:
         fd = os.open(source, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)  # a FIFO must not block
@@ -103,7 +106,10 @@ def snapshot(source: Path | str, role: str = "candidate") -> Snapshot:
         if size != st.st_size:
             raise ElfError(f"{role} {source} changed size while being read ({st.st_size} -> {size} bytes): "
                            "a writer is still at work on it (or it is a special file); rerun once it is whole")
-        _copy_signature(source, copy)
+        _copy_beside(signature_path(source), signature_path(copy), SIG_MAX)
+        # the build's provenance statement and its signature (vgpu_patch/provenance.py), read once the same way
+        _copy_beside(statement_path(source), statement_path(copy), STATEMENT_MAX)
+        _copy_beside(signature_path(statement_path(source)), signature_path(statement_path(copy)), SIG_MAX)
     except BaseException:
         owner.cleanup()
         raise
@@ -122,18 +128,17 @@ def _copy_bounded(f: BinaryIO, copy: Path, limit: int) -> tuple[str, int]:
     return h.hexdigest(), size
 
 
-def _copy_signature(source: Path, copy: Path) -> None:
-    """`<source>.sig`, read once (at most SIG_MAX + 1 bytes: more is no signature) into `<copy>.sig`, when it is a
-    regular file."""
+def _copy_beside(src: Path, dest: Path, limit: int) -> None:
+    """A file beside the candidate (its `.sig`, its provenance), read once (at most `limit` + 1 bytes: more is not
+    what it claims to be, and is refused as such) into `dest`, when it is a regular file."""
     try:
-        fd = os.open(signature_path(source), os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = os.open(src, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
-        return  # none (or unreadable): the copy is unsigned, and a signature check says so
+        return  # none (or unreadable): the copy has none either, and a check says so
     with os.fdopen(fd, "rb") as f:
         if stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-            sig = signature_path(copy)
-            sig.write_bytes(f.read(SIG_MAX + 1))
-            sig.chmod(0o400)
+            dest.write_bytes(f.read(limit + 1))
+            dest.chmod(0o400)
 
 
 def inspect(path: Path | str) -> Candidate:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .. import provenance
 from ..errors import BuildError, UsageError
 from . import manifest as manifest_mod
 from . import toolchain
@@ -71,6 +72,8 @@ def _read(path: Path) -> dict[str, Any]:
         doc = manifest_mod.read(path)
     except (OSError, ValueError) as e:
         raise UsageError(f"build manifest {path} is unreadable ({e}): give the libvgpu.so.json a build wrote") from e
+    if isinstance(doc, dict) and doc.get("_type") == provenance.STATEMENT_TYPE:  # a provenance statement
+        doc = provenance.manifest_of(provenance.check(doc, path), path)
     missing = [k for k in (*INPUT_KEYS, "sha256") if not isinstance(doc, dict) or k not in doc]
     if missing:
         raise UsageError(f"build manifest {path} lacks {', '.join(missing)}: it was not written by this version's "
