@@ -14,6 +14,7 @@ without a port `test -e` of the ready marker and a shell check of the status fil
 from __future__ import annotations
 
 import json
+import posixpath
 import re
 import textwrap
 from dataclasses import asdict, dataclass, field, fields
@@ -38,6 +39,12 @@ _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 _CONFIGMAP_KEY = re.compile(r"^[-._a-zA-Z0-9]{1,253}$")
 _EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+# --host-dir / hostDir: one rule for the CLI and the chart's schema (which cannot normalise a path, so both take
+# only a normal one): a directory strictly under one of these roots, each part a name (not `.` or `..`), no `//`,
+# no control character. Go's regexp (helm) has no lookahead: a part is spelled out as "not . and not ..".
+HOST_DIR_ROOTS = ("/usr/local", "/opt", "/var/lib")
+_PART = r"(?:[^/.\x00-\x1f][^/\x00-\x1f]*|\.[^/.\x00-\x1f][^/\x00-\x1f]*|\.\.[^/\x00-\x1f]+)"
+HOST_DIR_PATTERN = (rf"^(?:{'|'.join(re.escape(r) for r in HOST_DIR_ROOTS)})(?:/{_PART})+/?$")
 GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
 DEFAULT_NODE_SELECTOR = {"gpu": "on"}  # HAMi's GPU node label
 # Kubernetes quantities (resource.Quantity): a non-negative decimal with a binary (Ki..Ei) or decimal (n..E)
@@ -164,7 +171,7 @@ VALUE_HELP = {
     "fullnameOverride": "--name: name of the DaemonSet, ServiceAccount and ClusterRole",
     "nodeSelector": "--node-selector KEY=VALUE: node labels to run on; null = gpu=on (HAMi's GPU label); a map "
                     "replaces it, {} = all nodes",
-    "hostDir": "--host-dir: the host's library directory",
+    "hostDir": "--host-dir: the host's library directory, under /usr/local, /opt or /var/lib (no '.' or '..' parts)",
     "sha256": "--sha256: pin the library's sha256 (null: the image's build manifest)",
     "interval": "--interval: seconds between re-checks (inotify wakes the agent sooner)",
     "metricsPort": "--metrics-port: /metrics, /readyz, /livez; null: no port, exec probes on files",
@@ -243,8 +250,7 @@ def _check(opts: DaemonSetOptions) -> None:
     for what, value in (("--namespace", opts.namespace), ("--name", opts.name)):
         if not _DNS_LABEL.fullmatch(value):
             raise UsageError(f"{what} {value!r}: must be a DNS label (lower-case letters, digits, '-')")
-    if not opts.host_dir.startswith("/") or opts.host_dir.rstrip("/") in ("", "/usr", "/usr/local", "/etc"):
-        raise UsageError(f"--host-dir {opts.host_dir!r}: give the library directory itself, e.g. /usr/local/vgpu")
+    check_host_dir(opts.host_dir)
     if not re.fullmatch(r"^\d+%?$", opts.max_unavailable):
         raise UsageError(f"--max-unavailable {opts.max_unavailable!r}: a count (1) or a percentage (10%)")
     pc = priority_class(opts)
@@ -256,6 +262,19 @@ def _check(opts: DaemonSetOptions) -> None:
     for s in opts.image_pull_secrets:
         if not _DNS_SUBDOMAIN.fullmatch(s):
             raise UsageError(f"--image-pull-secret {s!r}: not a valid Secret name")
+
+
+def check_host_dir(value: str) -> None:
+    """UsageError unless `value`, normalised, is a directory under HOST_DIR_ROOTS and is spelled normalised (the
+    chart's schema applies the same HOST_DIR_PATTERN, and cannot normalise)."""
+    roots = ", ".join(HOST_DIR_ROOTS[:-1]) + f" or {HOST_DIR_ROOTS[-1]}"
+    norm = posixpath.normpath(value) if value.startswith("/") and value.isprintable() else ""
+    if not norm or not any(norm.startswith(r + "/") for r in HOST_DIR_ROOTS) or norm.startswith("//"):
+        raise UsageError(f"--host-dir {value!r}: not a directory under {roots}: give the library directory itself, "
+                         "e.g. /usr/local/vgpu")
+    if not re.fullmatch(HOST_DIR_PATTERN, value):
+        raise UsageError(f"--host-dir {value!r}: give it as {norm} (no '.', '..' or '//' parts: the chart's "
+                         "hostDir takes the same spelling)")
 
 
 def agent_args(opts: DaemonSetOptions, *, probe: bool = False) -> list[str]:
@@ -481,7 +500,7 @@ def values_schema() -> dict[str, Any]:
     props["fullnameOverride"] = {"type": "string", "pattern": _DNS_LABEL.pattern}
     props["priorityClassName"] = {"type": ["string", "null"], "pattern": f"^(auto|{_DNS_SUBDOMAIN.pattern[1:-1]})?$"}
     props["sha256"] = {"type": ["string", "null"], "pattern": "^[0-9a-fA-F]{64}$"}
-    props["hostDir"] = {"type": "string", "pattern": "^/[^\\n]*$"}
+    props["hostDir"] = {"type": "string", "pattern": HOST_DIR_PATTERN}  # check_host_dir's rule
     props["nodeSelector"] = {"type": ["object", "null"], "additionalProperties": {"type": "string"}}  # null: gpu=on
     props["interval"] = {"type": "number", "minimum": 0.5}
     props["metricsPort"] = {"type": ["integer", "null"], "minimum": 1, "maximum": 65535}  # null: no port, exec probes

@@ -42,11 +42,13 @@ class Signature:
     text: str  # the armored SSHSIG, as ssh-keygen wrote it
 
 
-def verified(library: Path | str, allowed_signers: Path | str) -> Signature:
-    """`verify`, with the signature's text read first: what is kept on the node is what was checked."""
+def verified(library: Path | str, allowed_signers: Path | str, *, shown: Path | str | None = None) -> Signature:
+    """`verify`, with the signature's text read first: what is kept on the node is what was checked. Give a
+    private snapshot as `library` (deploy.candidate.snapshot: the `.sig` copied beside it) and the file the
+    operator named as `shown`, for the messages."""
     sig = signature_path(library)
     before = sig.read_bytes() if sig.is_file() else b""
-    signer = verify(library, allowed_signers)
+    signer = verify(library, allowed_signers, shown=shown)
     if sig.read_bytes() != before:
         raise SignatureError(f"{sig}: changed while it was being checked; rerun (nothing was changed)")
     return Signature(signer, before.decode(errors="replace").strip())
@@ -65,11 +67,12 @@ def _ssh_keygen() -> str:
     return exe
 
 
-def _header(sig: Path) -> tuple[str, str]:
+def _header(sig: Path, library: Path | str) -> tuple[str, str]:
     """(key fingerprint, namespace) from an armored SSHSIG, or SignatureError naming what is wrong."""
+    shown = Path(library).with_name(sig.name)
     text = sig.read_text(errors="replace").strip().splitlines()
     if len(text) < 3 or text[0].strip() != _ARMOR[0] or text[-1].strip() != _ARMOR[1]:
-        raise SignatureError(f"{sig}: not an OpenSSH signature (no SSH SIGNATURE armor): sign the library again")
+        raise SignatureError(f"{shown}: not an OpenSSH signature (no SSH SIGNATURE armor): sign the library again")
     try:
         blob = base64.b64decode("".join(line.strip() for line in text[1:-1]), validate=True)
         if blob[:6] != b"SSHSIG":
@@ -82,38 +85,40 @@ def _header(sig: Path) -> tuple[str, str]:
             fields.append(blob[pos + 4:pos + 4 + n])
             pos += 4 + n
     except ValueError as e:
-        raise SignatureError(f"{sig}: not an OpenSSH signature ({e}): sign the library again") from None
+        raise SignatureError(f"{shown}: not an OpenSSH signature ({e}): sign the library again") from None
     key = "SHA256:" + base64.b64encode(hashlib.sha256(fields[0]).digest()).decode().rstrip("=")
     return key, fields[1].decode(errors="replace")
 
 
-def verify(library: Path | str, allowed_signers: Path | str) -> Signer:
+def verify(library: Path | str, allowed_signers: Path | str, *, shown: Path | str | None = None) -> Signer:
     """The signer of `library` per `allowed_signers`, or SignatureError: unsigned, a key not allowed, another
-    namespace, or a signature that does not match the bytes (the file changed after it was signed)."""
+    namespace, or a signature that does not match the bytes (the file changed after it was signed). Messages
+    name `shown` (default: `library`)."""
     library, allowed = Path(library), Path(allowed_signers)
+    name = shown if shown is not None else library
     if not allowed.is_file():
         raise UsageError(f"allowed-signers file {allowed} not found: give the file of keys allowed to sign libraries")
     sig = signature_path(library)
     if not sig.is_file():
-        raise SignatureError(f"{library}: unsigned (no {sig.name} beside it): sign it with "
+        raise SignatureError(f"{name}: unsigned (no {sig.name} beside it): sign it with "
                              f"`vgpu-patch build --sign KEY`; refused, nothing was changed")
-    key, namespace = _header(sig)
+    key, namespace = _header(sig, name)
     if namespace != NAMESPACE:
-        raise SignatureError(f"{library}: {sig.name} was made for namespace {namespace!r}, not {NAMESPACE!r}: "
+        raise SignatureError(f"{name}: {sig.name} was made for namespace {namespace!r}, not {NAMESPACE!r}: "
                              f"sign with `vgpu-patch build --sign KEY`; refused, nothing was changed")
     exe = _ssh_keygen()
     found = subprocess.run([exe, "-Y", "find-principals", "-s", str(sig), "-f", str(allowed)],
                            capture_output=True, text=True, timeout=TIMEOUT_S)
     principals = [p for p in found.stdout.split() if p]
     if found.returncode != 0 or not principals:
-        raise SignatureError(f"{library}: signed by key {key}, which {allowed} does not allow; "
+        raise SignatureError(f"{name}: signed by key {key}, which {allowed} does not allow; "
                              f"refused, nothing was changed")
     with open(library, "rb") as data:
         p = subprocess.run([exe, "-Y", "verify", "-f", str(allowed), "-I", principals[0], "-n", NAMESPACE,
                             "-s", str(sig)], stdin=data, capture_output=True, text=True, timeout=TIMEOUT_S)
     if p.returncode != 0:
         why = (p.stderr.strip().splitlines() or ["no output"])[-1]
-        raise SignatureError(f"{library}: {sig.name} by {principals[0]} does not match the file (changed after "
+        raise SignatureError(f"{name}: {sig.name} by {principals[0]} does not match the file (changed after "
                              f"signing? ssh-keygen: {why}); refused, nothing was changed")
     return Signer(principals[0], key)
 

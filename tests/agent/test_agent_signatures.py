@@ -72,3 +72,28 @@ def test_a_signed_image_goes_live_and_rollback_needs_no_signature(image: Image, 
     p = agent(image, host, keys[2], "--rollback")
     assert p.returncode == 0, p.stderr
     assert host.live.read_bytes() == vendor.read_bytes()
+
+
+def test_the_images_signed_provenance_is_checked_and_shown(image: Image, host: Host, keys) -> None:
+    """`build --sign` puts the build's provenance beside the library: the agent checks it with the library (from
+    the same private copy), logs and reports what it states, and refuses a statement changed after signing."""
+    from vgpu_patch import provenance
+
+    ours, _, allowed = keys
+    sign(image.library, ours)
+    manifest = {"file": "libvgpu.so", "sha256": image.sha256, "source_sha256": "5" * 64, "hooks_def_sha256": "6" * 64,
+                "compiler": {"kind": "gcc", "name": "gcc", "version": "gcc 12.2.0", "package": ""},
+                "headers": {"sha256": "7" * 64, "cuda_version": 12080, "packages": {}}, "arch": "x86_64",
+                "target": "x86_64-linux-gnu", "glibc_floor": None, "profile": "release", "defines": [],
+                "flags": {"cflags": [], "ldflags": []}, "tool": "vgpu-patch 0.1.0"}
+    statement = provenance.write(image.library, manifest, "0123456789ab")
+    sign(statement, ours)
+    good = statement.read_text()
+    statement.write_text(good.replace("0123456789ab", "ba9876543210"))  # changed after signing
+    assert_refused(image, host, allowed, "libvgpu.so.intoto.json.sig by release@example.com does not match the file")
+    statement.write_text(good)
+    p = agent(image, host, allowed, "--once")
+    assert p.returncode == 0, p.stderr
+    assert "from c_src 555555555555 (commit 0123456789ab) with gcc 12.2.0, as signed by release@example.com" in p.stderr
+    status = json.loads((host.root.parent / "agent.json").read_text())
+    assert status["provenance"]["commit"] == "0123456789ab" and status["provenance"]["signer"] == "release@example.com"

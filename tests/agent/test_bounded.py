@@ -366,3 +366,60 @@ def test_with_64_descriptors_the_agent_still_answers_and_repairs(image: Image, h
         finally:
             for s in held:
                 s.close()
+
+
+# a flooder process: opens connections as fast as it can, each idle (silent, or an unfinished request), keeps the
+# newest 400 open, until killed
+FLOODER = """
+import socket, sys
+port, hello, window = int(sys.argv[1]), sys.argv[2].encode(), []
+while True:
+    s = socket.socket()
+    s.setblocking(False)
+    try:
+        s.connect(("127.0.0.1", port))
+    except BlockingIOError:
+        pass
+    except OSError:
+        s.close()
+        continue
+    if hello:
+        try:
+            s.send(hello)
+        except OSError:
+            pass
+    window.append(s)
+    if len(window) > 400:
+        window.pop(0).close()
+"""
+
+
+@pytest.mark.parametrize("hello", [b"", HOSTILE], ids=["sends-nothing", "unfinished-request"])
+def test_health_probes_are_answered_during_an_idle_connection_flood(image: Image, host: Host, tmp_path: Path,
+                                                                    hello: bytes) -> None:
+    """A flooder process keeps the agent's connection cap full of idle clients (thousands a second); meanwhile 200
+    probes, each on a fresh connection, are all answered: a client reaches the server with its request (a probe
+    sends it at once) and is answered as it is accepted; before it evicts anyone the server answers every
+    request that has arrived whole, and it evicts the clients that sent nothing first."""
+    with real_agent(image, host, tmp_path) as (proc, port):
+        flooders = [subprocess.Popen([sys.executable, "-c", FLOODER, str(port), hello.decode()],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
+        failed: list[tuple[int, str]] = []
+        try:
+            time.sleep(1.0)  # the flood is on
+            assert all(f.poll() is None for f in flooders)
+            start = time.monotonic()
+            for i in range(200):
+                try:
+                    code, body = get(port, "/healthz", timeout=5)
+                    if code != 200:
+                        failed.append((i, f"{code} {body.strip()}"))
+                except OSError as e:
+                    failed.append((i, repr(e)))
+                assert time.monotonic() - start < 150, f"200 probes took too long ({len(failed)} failed so far)"
+        finally:
+            for f in flooders:
+                f.kill()
+                f.wait(10)
+        assert failed == [], f"{len(failed)} of 200 probes failed during the flood: {failed[:3]}"
+        assert proc.poll() is None

@@ -47,7 +47,7 @@ CASES: dict[str, DaemonSetOptions] = {
         node_selector={"nvidia.com/gpu.present": "true"},
         tolerations=[parse_toleration("dedicated=gpu:NoExecute"), parse_toleration("*")],
         image_pull_secrets=["regcred", "mirror"], selinux={"type": "spc_t", "level": "s0"}, max_unavailable="25%",
-        host_dir="/srv/vgpu/", tolerate_gpu_taint=False, interval=2.5, cpu_limit="500m", memory_limit="256Mi"),
+        host_dir="/opt/vgpu/", tolerate_gpu_taint=False, interval=2.5, cpu_limit="500m", memory_limit="256Mi"),
     "no-priority-empty-selector": DaemonSetOptions(image=PUSHED, priority_class=None, node_selector={}),
     "allowed-signers": DaemonSetOptions(image=PUSHED, allowed_signers=AllowedSigners("release-keys")),
     "allowed-signers-key-no-metrics": DaemonSetOptions(
@@ -237,7 +237,7 @@ def test_set_image_parts_like_hamis_chart(helm: Helm) -> None:
 
 
 INJECTIONS = {"priorityClassName": "x\nhostNetwork: true", "fullnameOverride": "agent\nhostNetwork: true",
-              "sha256": "ab\nhostNetwork: true", "hostDir": "/srv/x\nhostNetwork: true",
+              "sha256": "ab\nhostNetwork: true", "hostDir": "/opt/x\nhostNetwork: true",
               "maxUnavailable": "1\nhostNetwork: true", "cpuLimit": "1\nhostNetwork: true"}
 
 

@@ -61,14 +61,14 @@ def test_options_reach_the_manifest() -> None:
     sha = "ab" * 32
     doc = render("--image", "reg.example/agent:9", "--namespace", "gpu-ops",
                  "--node-selector", "nvidia.com/gpu.present=true", "--node-selector", "gpu=on",
-                 "--host-dir", "/srv/vgpu/", "--sha256", sha.upper(), "--metrics-port", "0",
+                 "--host-dir", "/opt/vgpu/", "--sha256", sha.upper(), "--metrics-port", "0",
                  "--max-unavailable", "25%", "--priority-class", "")
     validate(doc)
     pod = doc["spec"]["template"]["spec"]
     (c,) = pod["containers"]
     assert doc["metadata"]["namespace"] == "gpu-ops" and c["image"] == "reg.example/agent:9"
     assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true", "gpu": "on"}
-    assert pod["volumes"][0]["hostPath"]["path"] == "/srv/vgpu"
+    assert pod["volumes"][0]["hostPath"]["path"] == "/opt/vgpu"
     assert ["--sha256", sha] == c["args"][c["args"].index("--sha256"):][:2]
     assert "ports" not in c and "--metrics-port" not in c["args"]
     # no port: readiness is `test -e` of the ready marker, liveness the status file's age (no Python either way)

@@ -84,7 +84,8 @@ def _ini_quote(v: str) -> str:
     return "'" + v.replace("'", "\\'") + "'" if re.search(r"\s|'", v) else v
 
 
-def run_playbook(playbook: str, inventory: Path, extra: dict | None = None, limit: str | None = None) -> Run:
+def run_playbook(playbook: str, inventory: Path, extra: dict | None = None, limit: str | None = None,
+                 env_extra: dict[str, str] | None = None) -> Run:
     """ansible-playbook from ansible/, as a user would run it; returns rc, output and the PLAY RECAP."""
     env = {
         **os.environ,
@@ -94,6 +95,7 @@ def run_playbook(playbook: str, inventory: Path, extra: dict | None = None, limi
         "ANSIBLE_LOCALHOST_WARNING": "false",
         "ANSIBLE_INVENTORY_UNPARSED_WARNING": "false",
         "ANSIBLE_ROLES_PATH": str(ANSIBLE_DIR / "roles"),  # for test playbooks outside ansible/
+        **(env_extra or {}),
     }
     args = {"vgpu_patch_become": BECOME, **(extra or {})}
     cmd = ["ansible-playbook", "-i", str(inventory), playbook, "-e", json.dumps(args)]

@@ -27,9 +27,9 @@ def test_ansible_lint_production_profile() -> None:
 
 
 def test_the_role_ships_the_package_files_themselves() -> None:
-    """No generated copies: the role's node program and rollback picker are the package's own files."""
+    """No generated copies: the role's node program (its live-file and rollback rules included) is the package's
+    own file."""
     files = ANSIBLE_DIR / "roles" / "vgpu_patch" / "files"
     pkg = ANSIBLE_DIR.parent / "vgpu_patch"
     assert (files / "node.sh").resolve() == (pkg / "data" / "node.sh").resolve()
-    assert (files / "rollback_pick.py").resolve() == (pkg / "deploy" / "rollback_pick.py").resolve()
-    assert sorted(p.name for p in files.iterdir()) == ["node.sh", "rollback_pick.py"]
+    assert sorted(p.name for p in files.iterdir()) == ["node.sh"]

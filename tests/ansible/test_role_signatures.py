@@ -8,7 +8,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from fleet_helpers import Libs, Node, run_playbook, write_inventory
+from fleet_helpers import Libs, Node, Run, run_playbook, write_inventory
 from node_fixtures import sha
 from signing_keys import Key, allowed_signers, make_key, sign
 
@@ -57,3 +57,48 @@ def test_only_a_library_signed_by_an_allowed_key_goes_live(nodes: list[Node], li
     assert signer["principal"] == "release@example.com" and signer["key"].startswith("SHA256:")
     history = [json.loads(line) for line in (node.state / "history.jsonl").read_text().splitlines()]
     assert history[-1]["signer"] == signer and history[-1]["tool"] == "ansible"
+
+
+def test_the_live_bytes_are_the_verified_bytes_whatever_task_the_candidate_is_swapped_before(
+        nodes: list[Node], libs: Libs, tmp_path: Path, keys) -> None:
+    """A writer of the candidate's directory renames the signed build or an unsigned one into place before each
+    task of the role's candidate and swap steps (tests/ansible/callback_plugins/read_swap.py): at one task only,
+    and at every task but that one. The node gets the signed bytes, with their signature, or nothing."""
+    ours, _, allowed = keys
+    node = nodes[0]
+    shutil.copy(libs.vendor, node.libdir / "libvgpu.so")
+    inv = write_inventory([node], tmp_path / "inv.ini")
+    cand = tmp_path / "out" / "libvgpu.so"
+    cand.parent.mkdir()
+    shutil.copy(libs.v2, cand)
+    sig = sign(cand, ours)
+    files = {"signed": str(libs.v2), "unsigned": str(libs.v1)}
+    extra = {"vgpu_patch_library": str(cand), "vgpu_patch_allowed_signers": str(allowed)}
+
+    def run(plan: list[str], rest: str | None) -> tuple[Run, list[list]]:
+        log = tmp_path / "swaps.jsonl"
+        log.unlink(missing_ok=True)
+        if node.state.exists():
+            shutil.rmtree(node.state)
+        shutil.copy(libs.vendor, node.libdir / "libvgpu.so")
+        cfg = {"path": str(cand), "files": files, "plan": plan, "rest": rest, "log": str(log)}
+        run = run_playbook("deploy.yml", inv, extra, env_extra={
+            "ANSIBLE_CALLBACK_PLUGINS": str(Path(__file__).parent / "callback_plugins"),
+            "ANSIBLE_CALLBACKS_ENABLED": "read_swap", "VGPU_TEST_READ_SWAP": json.dumps(cfg)})
+        return run, [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+
+    first, tasks = run([], None)  # no swap: count the tasks that may read the candidate
+    assert first.rc == 0 and sha(node.libdir / "libvgpu.so") == sha(libs.v2), first.output
+    assert len(tasks) >= 3, tasks
+    for k in range(len(tasks)):
+        for good, bad in (("signed", "unsigned"), ("unsigned", "signed")):
+            plan = [bad] * k + [good]
+            result, seen = run(plan, bad)
+            live = node.libdir / "libvgpu.so"
+            what = f"{good} only before task {k} ({tasks[k][1]!r}); saw {[s[2] for s in seen]}"
+            if result.rc != 0:
+                assert sha(live) == sha(libs.vendor), f"{what}: refused, yet the node changed"
+                continue
+            assert sha(live) == sha(libs.v2), f"{what}: bytes other than the verified ones went live"
+            kept = node.state / "signatures" / f"{sha(live)}.sig"
+            assert kept.read_text().strip() == sig.read_text().strip(), what

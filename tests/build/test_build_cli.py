@@ -89,3 +89,40 @@ def test_sign_writes_a_signature_and_a_rebuild_removes_a_stale_one(tmp_path: Pat
     assert p.returncode == 0 and not (out / "libvgpu.so.sig").exists(), p.stderr
     p = run_cli("--src", str(fixture_src), "-o", str(out), "--no-check", "--sign", str(tmp_path / "no-such-key"))
     assert p.returncode == 2 and "no-such-key" in p.stderr and "does not exist" in p.stderr
+
+
+def test_sign_also_writes_a_signed_provenance_that_reproduce_takes(tmp_path: Path, fixture_src: Path) -> None:
+    """`--sign` writes libvgpu.so.intoto.json (an in-toto statement of a SLSA v1 provenance naming the library's
+    sha256, its source, toolchain and flags), signed with the same key; `--reproduce` takes it as the manifest;
+    an unsigned rebuild removes both."""
+    import hashlib
+
+    from signing_keys import allowed_signers, make_key
+
+    from vgpu_patch import provenance, signing
+
+    key = make_key(tmp_path / "keys", "release@example.com")
+    out = tmp_path / "out"
+    p = run_cli("--src", str(fixture_src), "-o", str(out), "--no-check", "--sign", str(key.private), "--json")
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(p.stdout)
+    statement = out / "libvgpu.so.intoto.json"
+    assert doc["provenance"] == str(statement) and doc["provenance_signature"] == str(statement) + ".sig"
+    st = json.loads(statement.read_text())
+    lib_sha = hashlib.sha256((out / "libvgpu.so").read_bytes()).hexdigest()
+    assert st["_type"] == "https://in-toto.io/Statement/v1" and st["predicateType"] == "https://slsa.dev/provenance/v1"
+    assert st["subject"] == [{"name": "libvgpu.so", "digest": {"sha256": lib_sha}}]
+    build = st["predicate"]["buildDefinition"]
+    manifest = json.loads((out / "libvgpu.so.json").read_text())
+    assert build["resolvedDependencies"][0]["digest"]["sha256"] == manifest["source_sha256"]
+    assert build["resolvedDependencies"][1]["annotations"]["version"] == manifest["compiler"]["version"]
+    assert build["externalParameters"]["defines"] == manifest["defines"]
+    assert build["internalParameters"]["flags"] == manifest["flags"]
+    allowed = allowed_signers(tmp_path / "allowed", key)
+    assert signing.verify(statement, allowed).principal == "release@example.com"  # the same key signed it
+    prov = provenance.verified(out / "libvgpu.so", lib_sha, allowed, shown=out / "libvgpu.so")
+    assert prov is not None and prov.source_sha256 == manifest["source_sha256"]
+    p = run_cli("--reproduce", str(statement), "--src", str(fixture_src))
+    assert p.returncode == 0 and p.stdout.startswith(f"reproduced: {statement} describes sha256 {lib_sha}"), p
+    p = run_cli("--src", str(fixture_src), "-o", str(out), "--no-check")
+    assert p.returncode == 0 and not statement.exists() and not (out / "libvgpu.so.intoto.json.sig").exists()

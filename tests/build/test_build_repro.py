@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 from buildtree import FILES, needs_gcc, write_tree
 
+import vgpu_patch
 from vgpu_patch import __version__
 from vgpu_patch.errors import BuildError, UsageError
 from vgpu_patch.shim_build.build import build_shim
@@ -150,3 +152,79 @@ def test_reproduce_names_the_inputs_that_differ(built, make_src) -> None:
 def test_reproduce_takes_the_settings_from_the_manifest(built) -> None:
     p = run_build("--reproduce", str(built("x86_64", "2.28").manifest_path), "--arch", "aarch64", "-o", "x")
     assert p.returncode == 2 and "drop --output, --arch" in p.stderr
+
+
+def _manifest_copy(src: Path, dest: Path, **changes) -> Path:
+    doc = json.loads(src.read_text())
+    doc.update(changes)
+    dest.write_text(json.dumps(doc))
+    return dest
+
+
+@needs_gcc
+@pytest.mark.parametrize("where", ["relative", "absolute"])
+def test_reproduce_never_runs_the_compiler_the_manifest_names(built, fixture_src: Path, tmp_path: Path,
+                                                              where: str) -> None:
+    """A manifest someone sent names `./cc` (or an absolute path) beside a script: the script never runs; the
+    rebuild uses this install's gcc and the verdict says so."""
+    r = built(None, None, "gcc")
+    work = tmp_path / "sent"
+    work.mkdir()
+    marker = tmp_path / "ran"
+    cc = work / "cc"
+    cc.write_text(f"#!/bin/sh\necho ran >> {marker}\nexec gcc \"$@\"\n")
+    cc.chmod(0o755)
+    name = "./cc" if where == "relative" else str(cc)
+    compiler = {**r.manifest["compiler"], "name": name}
+    manifest = _manifest_copy(r.manifest_path, work / "libvgpu.so.json", compiler=compiler)
+    p = subprocess.run([sys.executable, "-m", "vgpu_patch.cli", "build", "--reproduce", str(manifest), "--src",
+                        str(fixture_src)], capture_output=True, text=True, timeout=900, cwd=work,
+                       env={**os.environ, "PATH": f"{work}:{os.environ['PATH']}",  # ./cc first on PATH, even
+                            "PYTHONPATH": str(Path(vgpu_patch.__file__).parents[1])})  # this checkout, from `work`
+    assert not marker.exists(), "the compiler the manifest names was run"
+    assert p.returncode == 0, p.stderr
+    line = p.stdout.strip()
+    assert line.startswith(f"reproduced: {manifest} describes sha256 {r.sha256}"), line
+    assert f"rebuilt with this install's gcc, not the manifest's {name}" in line
+
+
+@needs_gcc
+def test_reproduce_names_every_define_a_release_build_lacks_and_refuses_unknown_ones(built, fixture_src: Path,
+                                                                                     tmp_path: Path) -> None:
+    r = built(None, None, "gcc")
+    defines = r.manifest["defines"]
+    known = _manifest_copy(r.manifest_path, tmp_path / "known.json", defines=[*defines, "VGPU_DEBUG_BUILD=1"])
+    rep = reproduce(known, fixture_src)
+    assert "not a release build: it defines VGPU_DEBUG_BUILD=1" in rep.line()
+    assert rep.to_json()["defines_not_in_release"] == ["VGPU_DEBUG_BUILD=1"]
+
+    unknown = _manifest_copy(r.manifest_path, tmp_path / "unknown.json", defines=[*defines, "VGPU_SKIP_LIMITS=1"])
+    p = run_build("--reproduce", str(unknown), "--src", str(fixture_src))
+    assert p.returncode == 1 and len(p.stderr.strip().splitlines()) == 2, p.stderr  # the "rebuilding" line + one
+    err = p.stderr.strip().splitlines()[-1]
+    assert "defines VGPU_SKIP_LIMITS=1, unknown to this version's shim build" in err and "--allow-defines" in err
+    p = run_build("--reproduce", str(unknown), "--src", str(fixture_src), "--allow-defines", "--json")
+    doc = json.loads(p.stdout)
+    assert doc["defines_not_in_release"] == ["VGPU_SKIP_LIMITS=1"], doc  # applied, and named
+    assert p.returncode in (0, 1)
+    line = run_build("--reproduce", str(unknown), "--src", str(fixture_src), "--allow-defines").stdout
+    line += run_build("--reproduce", str(unknown), "--src", str(fixture_src), "--allow-defines").stderr
+    assert "not a release build: it defines VGPU_SKIP_LIMITS=1" in line
+    assert run_build("--allow-defines", "-o", str(tmp_path / "o")).returncode == 2  # only with --reproduce
+
+
+@needs_gcc
+def test_reproduce_of_a_debug_build_names_its_define(built, fixture_src: Path) -> None:
+    r = built(None, None, "gcc", "debug")
+    rep = reproduce(r.manifest_path, fixture_src)
+    assert rep.ok and "not a release build: it defines VGPU_DEBUG_BUILD=1" in rep.line()
+
+
+def test_reproduce_refuses_a_malformed_define_or_compiler_kind(built, tmp_path: Path) -> None:
+    r = built("x86_64", "2.28")
+    bad = _manifest_copy(r.manifest_path, tmp_path / "bad.json", defines=["X=1\n#include </etc/shadow>"])
+    with pytest.raises(UsageError, match="malformed defines"):
+        reproduce(bad)
+    odd = _manifest_copy(r.manifest_path, tmp_path / "odd.json", compiler={"kind": "tcc", "name": "./tcc"})
+    with pytest.raises(UsageError, match="compiler kind 'tcc' is unknown"):
+        reproduce(odd)

@@ -187,3 +187,45 @@ def test_a_signature_the_node_cannot_keep_refuses_the_swap_before_the_rename(cas
     assert p.returncode == 1 and "cannot create" in out and "signatures" in out, p
     assert sha(d / "libvgpu.so") == sha(libs["vendor"])  # the old file stays live, nothing recorded
     assert not (d / ".vgpu-patch" / "history.jsonl").exists()
+
+
+def _manifest(lib: Path) -> dict:
+    """What `vgpu-patch build` records, for a library the test built itself."""
+    return {"file": "libvgpu.so", "sha256": sha(lib), "source_sha256": "5" * 64, "hooks_def_sha256": "6" * 64,
+            "compiler": {"kind": "gcc", "name": "gcc", "version": "gcc (Debian 12.2.0-14) 12.2.0", "package": ""},
+            "headers": {"sha256": "7" * 64, "cuda_version": 12080, "packages": {}}, "arch": "x86_64",
+            "target": "x86_64-linux-gnu", "glibc_floor": None, "profile": "release", "defines": [],
+            "flags": {"cflags": [], "ldflags": []}, "tool": "vgpu-patch 0.1.0"}
+
+
+def test_the_builds_provenance_is_checked_and_shown(case, keys, libs) -> None:
+    """The build's signed provenance beside the library (`build --sign`): deploy names what it states about the
+    file it verified, and refuses a statement that was changed, names other bytes, or no allowed key signed."""
+    from vgpu_patch import provenance
+
+    root, d, cand = case
+    ours, theirs, allowed = keys
+    sign(cand, ours)
+    statement = provenance.write(cand, _manifest(cand), "0123456789ab")
+    sign(statement, ours)
+    p = vgpu("deploy", "--no-check", "--local", str(root), "--allowed-signers", str(allowed), "--json", "--dry-run",
+             str(cand))
+    assert p.returncode == 1 and p.stderr.count("error") == 0, p.stderr  # dry-run: pending
+    assert json.loads(p.stdout)["provenance"] == {
+        "signer": "release@example.com", "source_sha256": "5" * 64, "commit": "0123456789ab",
+        "compiler": "gcc (Debian 12.2.0-14) 12.2.0", "builder": "urn:vgpu-patch:builder:vgpu-patch:0.1.0"}
+    p = vgpu("deploy", "--no-check", "--local", str(root), "--allowed-signers", str(allowed), str(cand))
+    assert p.returncode == 0, p.stderr
+    assert "from c_src 555555555555 (commit 0123456789ab)" in " ".join(p.stdout.split()), p.stdout
+    shutil.copyfile(libs["vendor"], d / "libvgpu.so")
+
+    statement.write_text(statement.read_text().replace("0123456789ab", "ba9876543210"))  # changed after signing
+    assert "libvgpu.so.intoto.json.sig by release@example.com does not match the file" in refused(root, cand, allowed)
+    provenance.write(cand, {**_manifest(cand), "sha256": "8" * 64})  # another build's statement, signed
+    sign(statement, ours)
+    assert "states the build of sha256 888888888888, not of this file" in refused(root, cand, allowed)
+    provenance.write(cand, _manifest(cand))
+    sign(statement, theirs)
+    assert "which" in refused(root, cand, allowed) and "does not allow" in refused(root, cand, allowed)
+    statement.with_name("libvgpu.so.intoto.json.sig").unlink()
+    assert "libvgpu.so.intoto.json: unsigned" in refused(root, cand, allowed)

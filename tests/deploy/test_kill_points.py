@@ -133,12 +133,12 @@ def test_deploy_killed_after_any_command(tmp_path: Path, libs, killer) -> None:
         assert rollback(t, DIR, operator="kp").to_sha256 == sha(libs["vendor"]), f"history {_history(d)}"
 
 
-def test_the_roles_rollback_pick_reads_a_pending_record(tmp_path: Path) -> None:
-    """The Ansible role's rollback (rollback_pick.py run alone on the node) settles pending.json the same way."""
+def test_the_rollback_stack_reads_a_pending_record(tmp_path: Path) -> None:
+    """The node program's rollback stack (node.sh `rollback_stack`, which the CLI, the agent and the Ansible role
+    all run) settles pending.json as a swap's record does."""
     import subprocess
-    import sys
 
-    from vgpu_patch.deploy import rollback_pick
+    from vgpu_patch.deploy import facts as F
 
     def line(frm: str | None, to: str) -> str:
         return json.dumps({"action": "deploy", "from_sha256": frm, "to_sha256": to}) + "\n"
@@ -148,14 +148,14 @@ def test_the_roles_rollback_pick_reads_a_pending_record(tmp_path: Path) -> None:
     (state / "history.jsonl").write_text(line(None, "a" * 64) + line("a" * 64, "b" * 64))
     (state / "pending.json").write_text(line("b" * 64, "c" * 64))
 
-    def pick(live: str) -> str:
-        args = [sys.executable, rollback_pick.__file__, str(state / "history.jsonl"), live, "previous"]
-        return subprocess.run(args, capture_output=True, text=True, check=True).stdout.strip()
+    def stack(live: str) -> list[str]:
+        sh = F.node_program() + f"\nS='{state}'; cur='{live}'; rollback_stack; echo $STACK\n"
+        return subprocess.run(["sh", "-c", sh], capture_output=True, text=True, check=True).stdout.split()
 
-    assert pick("c" * 64) == "b" * 64  # the pending swap happened: back to what it replaced
-    assert pick("b" * 64) == "a" * 64  # it never did
+    assert stack("c" * 64) == ["a" * 64, "b" * 64]  # the pending swap happened: back to what it replaced
+    assert stack("b" * 64) == ["a" * 64]  # it never did
     (state / "history.jsonl").write_text(line(None, "a" * 64) + line("a" * 64, "b" * 64) + line("b" * 64, "c" * 64))
-    assert pick("c" * 64) == "b" * 64  # recorded, pending.json not yet removed: one swap, not two
+    assert stack("c" * 64) == ["a" * 64, "b" * 64]  # recorded, pending.json not yet removed: one swap, not two
 
 
 def test_rollback_killed_after_any_command(tmp_path: Path, libs, killer) -> None:

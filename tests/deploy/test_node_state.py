@@ -201,3 +201,28 @@ def test_an_upload_a_dropped_link_left_is_swept_by_the_next_run(tmp_path: Path, 
     assert r.changed
     assert sorted(p.name for p in up.glob(".vgpu-patch-upload-*")) == [fresh.name]
     assert leftovers(d) == []
+
+
+@pytest.mark.parametrize("how", ["the state dir is a symlink", "a symlink inside it"])
+def test_status_of_a_refused_state_dir_exits_1_with_the_reason(tmp_path: Path, libs, how: str) -> None:
+    import subprocess
+    import sys
+
+    t, d = _node(tmp_path, libs)
+    if how == "a symlink inside it":
+        deploy_file(t, libs["v1"], DIR, operator="a")
+        (d / ".vgpu-patch" / "history.jsonl").unlink()
+        (d / ".vgpu-patch" / "history.jsonl").symlink_to(tmp_path / "elsewhere")
+    else:
+        (tmp_path / "elsewhere").mkdir()
+        (d / ".vgpu-patch").symlink_to(tmp_path / "elsewhere")
+    root = str(tmp_path / "root")
+    p = subprocess.run([sys.executable, "-m", "vgpu_patch.cli", "status", "--local", root], capture_output=True,
+                       text=True, timeout=60)
+    assert p.returncode == 1, (p.stdout, p.stderr)
+    flat = " ".join(p.stdout.replace("│", " ").split())  # the table's note cell, unfolded
+    assert "is a symlink" in flat and "refusing to read or write node state through it" in flat, p.stdout
+    p = subprocess.run([sys.executable, "-m", "vgpu_patch.cli", "status", "--local", root, "--json"],
+                       capture_output=True, text=True, timeout=60)
+    (node,) = json.loads(p.stdout)["nodes"]
+    assert p.returncode == 1 and node["status"] == "failed" and "symlink" in node["error"], p.stdout

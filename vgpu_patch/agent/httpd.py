@@ -1,8 +1,12 @@
 """A bounded HTTP GET server for the agent's probes and metrics: one thread, one epoll, no thread per client.
 
 Nothing a client does may cost the agent more than a fixed share of its descriptors, threads or time:
-- at most `max_conns` connections are open (fewer when RLIMIT_NOFILE is low: a quarter of it); a new
-  connection over the cap closes the oldest one, so a flood of idle clients cannot lock out a probe;
+- at most `max_conns` connections are open (fewer when RLIMIT_NOFILE is low: a quarter of it). A client
+  reaches accept() with its request (TCP_DEFER_ACCEPT, on Linux; a silent one only after `header_timeout`),
+  and a request already whole is answered as it is accepted. A new connection over the cap first has every
+  request that arrived whole answered, then closes the oldest connection that has sent nothing (else the
+  oldest with an unfinished request): a flood of idle clients cannot lock out a probe, which sends its whole
+  request at once;
 - a request must arrive whole (request line and headers, at most `max_request` bytes) within
   `header_timeout` seconds of the connection, and its answer must drain within `write_timeout`;
 - every answer closes its connection (`Connection: close`): no keep-alive state to hold;
@@ -54,7 +58,13 @@ class BoundedServer:
         self.max_conns = fd_cap(max_conns)
         self.header_timeout, self.write_timeout, self.max_request = header_timeout, write_timeout, max_request
         family = socket.AF_INET6 if ":" in addr else socket.AF_INET
-        self._sock = socket.create_server((addr, port), family=family, backlog=128)
+        # a deep accept queue: under a flood a probe waits there (its request already sent) rather than have
+        # its connection refused; the kernel caps it at net.core.somaxconn
+        self._sock = socket.create_server((addr, port), family=family, backlog=1024)
+        if hasattr(socket, "TCP_DEFER_ACCEPT"):  # Linux: a client reaches accept() with its request (or after
+            # header_timeout): a silent one takes no slot meanwhile, and a probe is answered as it is accepted
+            with contextlib.suppress(OSError):
+                self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_DEFER_ACCEPT, max(1, round(header_timeout)))
         self._sock.setblocking(False)
         self.server_address = self._sock.getsockname()
         self._sel = selectors.DefaultSelector()
@@ -121,19 +131,34 @@ class BoundedServer:
                     continue
                 if e.errno in _OUT_OF_FDS:
                     if self._conns:  # make room; the pending client is accepted on the next turn
-                        self._close(next(iter(self._conns)))
-                        self.evicted += 1
+                        self._make_room()
                     else:
                         self._sel.unregister(self._sock)
                         self._paused_until = time.monotonic() + _PAUSE
                     return
                 raise
             if len(self._conns) >= self.max_conns:
-                self._close(next(iter(self._conns)))
-                self.evicted += 1
+                self._make_room()
             sock.setblocking(False)
             self._conns[sock.fileno()] = _Conn(sock, time.monotonic() + self.header_timeout)
             self._sel.register(sock, selectors.EVENT_READ)
+            self._read(sock.fileno())  # a probe's request is usually here already: answered before any eviction
+
+    def _make_room(self) -> None:
+        """One connection fewer: first read every connection with data waiting (a probe sends its whole request at
+        once, and its answer closes it; a client gone is closed), and only if that frees nothing close the oldest
+        connection that has sent nothing, else the oldest still reading its request, else the oldest."""
+        for key, mask in self._sel.select(0):  # what is ready now: one epoll_wait, no read of an idle client
+            if key.fd in self._conns and self._conns[key.fd].out is None and mask & selectors.EVENT_READ:
+                self._read(key.fd)
+        if len(self._conns) < self.max_conns:
+            return
+        conns = self._conns.items()
+        victim = next((fd for fd, c in conns if c.out is None and not c.inbuf), None)
+        if victim is None:
+            victim = next((fd for fd, c in conns if c.out is None), next(iter(self._conns)))
+        self._close(victim)
+        self.evicted += 1
 
     def _read(self, fd: int) -> None:
         c = self._conns[fd]
@@ -189,7 +214,8 @@ class BoundedServer:
 
     def _write(self, fd: int) -> None:
         c = self._conns[fd]
-        assert c.out is not None
+        if c.out is None:  # an event of an earlier connection on this descriptor number, closed since
+            return
         try:
             sent = c.sock.send(c.out)
         except (BlockingIOError, InterruptedError):

@@ -6,6 +6,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from .. import provenance
 from ..deploy.candidate import Candidate, inspect
 from ..errors import ElfError, IntegrityError, UsageError
 from ..signing import Signature, verified
@@ -20,6 +21,7 @@ class ImageLibrary:
     version: str | None  # from the embedded `vgpu-patch-shim <version>`, None for a foreign build
     candidate: Candidate
     signature: Signature | None = None  # with --allowed-signers: who signed it, and the .sig the node keeps
+    provenance: provenance.Provenance | None = None  # with --allowed-signers: what its signed statement says
 
 
 def default_manifest(library: Path) -> Path:
@@ -65,5 +67,8 @@ def verify_image(library: Path | str, *, sha256: str | None = None, manifest: Pa
             f"image library {library} has sha256 {cand.sha256}, but {source} expects {want}: "
             "the image is damaged or mismatched; rebuild it, nothing on the host was touched"
         )
-    signature = verified(library, allowed_signers) if allowed_signers else None
-    return ImageLibrary(library, cand.sha256, cand.ours_version, cand, signature)
+    # the snapshot's copy of the library and its .sig: what was hashed is what is verified and installed
+    signature = verified(cand.path, allowed_signers, shown=library) if allowed_signers else None
+    # and of the build's provenance statement beside it, when the image carries one (`build --sign`)
+    prov = provenance.verified(cand.path, cand.sha256, allowed_signers, shown=library) if allowed_signers else None
+    return ImageLibrary(library, cand.sha256, cand.ours_version, cand, signature, prov)

@@ -74,6 +74,8 @@ class Agent:
                                                 allowed_signers=cfg.allowed_signers)
         if self.image.signature is not None:
             log(f"{cfg.library}: signed by {self.image.signature.signer}")
+        if self.image.provenance is not None:
+            log(f"{cfg.library}: {self.image.provenance}, as signed by {self.image.provenance.signer}")
         self.operator = cfg.operator or default_operator()
         self.t = LocalTransport(cfg.host_root, name=self.operator.split("@", 1)[-1])
         self.dir = cfg.target_dir.rstrip("/") or "/"
@@ -82,7 +84,8 @@ class Agent:
                                    install=True, signature=self.image.signature)
         self.host_dir = Path(self.t.path(self.dir))
         self.status = AgentStatus(
-            node=self.t.name, library=str(cfg.library), want_sha256=self.image.sha256, target_dir=self.dir
+            node=self.t.name, library=str(cfg.library), want_sha256=self.image.sha256, target_dir=self.dir,
+            provenance=self.image.provenance.to_dict() if self.image.provenance else None,
         )
         if cfg.ready_file is None and cfg.status_file is not None:
             cfg.ready_file = cfg.status_file.with_name("ready")

@@ -29,6 +29,7 @@ class AgentStatus:
     live_path: str | None = None
     live_sha256: str | None = None
     live_signer: dict | None = None  # who signed the live file ({"principal", "key"}), None: unsigned
+    provenance: dict | None = None  # what the image library's signed build provenance says (--allowed-signers)
     watch: str = ""
     checks: int = 0
     deploys: int = 0

@@ -25,7 +25,8 @@ The default compiler is gcc when it can meet the target natively (same arch, hos
 else `zig cc` from the ziglang wheel. The result is proven from the ELF: a required GLIBC_x.y above
 the floor, GLIBC_PRIVATE, a wrong arch or exports that differ from hooks.def fail the build.
 The same inputs give the same bytes, whatever the build, cache or install directory; the manifest records
-them, and --reproduce rebuilds from it (target, compiler and profile taken from the manifest).
+them, and --reproduce rebuilds from it (target, compiler kind and profile taken from the manifest; the
+compiler is this install's, never one the manifest names).
 Exit codes: 0 built (and check passed), or --reproduce matched; 1 build failed, or --reproduce gave other
 bytes (one line names the inputs that differ); 2 usage error; 4 the drop-in check failed.
 """
@@ -65,14 +66,22 @@ def _run_check(library: Path, glibc: str, arch: str) -> tuple[Any | None, str | 
 @click.option("--sign", "sign_key", type=click.Path(dir_okay=False, path_type=Path), default=None,
               metavar="KEY",
               help="Sign the library with this OpenSSH key (ssh-keygen -Y sign, namespace vgpu-patch; a public "
-                   "key works when ssh-agent holds its private half) into libvgpu.so.sig.")
+                   "key works when ssh-agent holds its private half) into libvgpu.so.sig; also write the build's "
+                   "provenance (in-toto statement, SLSA v1) as libvgpu.so.intoto.json, signed the same way.")
 @click.option("--reproduce", "reproduce_manifest", type=click.Path(dir_okay=False, path_type=Path),
               default=None, metavar="MANIFEST",
-              help="Rebuild what this build manifest (libvgpu.so.json) describes, in a temporary directory, and "
-                   "compare its sha256 with the recorded one; writes nothing.")
+              help="Rebuild what this build manifest (libvgpu.so.json, or the provenance libvgpu.so.intoto.json "
+                   "that carries it) describes, in a temporary directory, and "
+                   "compare its sha256 with the recorded one; writes nothing. It uses this install's compiler of "
+                   "the manifest's kind (the compiler the manifest names is compared, never run) and names every "
+                   "define a release build does not have.")
+@click.option("--allow-defines", is_flag=True,
+              help="With --reproduce: rebuild even when the manifest has -D defines this version's shim build does "
+                   "not know (refused otherwise); the verdict names them.")
 @json_option
 def cli(out_dir: Path, arch: str | None, glibc: str, compiler: str | None, profile: str, src_dir: Path | None,
-        no_check: bool, sign_key: Path | None, reproduce_manifest: Path | None, as_json: bool) -> None:
+        no_check: bool, sign_key: Path | None, reproduce_manifest: Path | None, allow_defines: bool,
+        as_json: bool) -> None:
     """Build libvgpu.so from c_src for a glibc floor and arch, reproducibly, with a JSON manifest.
 
     Example: vgpu-patch build -o out/ --glibc 2.28
@@ -80,17 +89,26 @@ def cli(out_dir: Path, arch: str | None, glibc: str, compiler: str | None, profi
     existing_path("signing key", sign_key)
     existing_path("manifest", reproduce_manifest)
     if reproduce_manifest is not None:
-        _reproduce(reproduce_manifest, src_dir, as_json)
+        _reproduce(reproduce_manifest, src_dir, as_json, allow_defines)
         return
+    if allow_defines:
+        raise click.UsageError("--allow-defines goes with --reproduce MANIFEST: a build takes no defines")
     click.echo(f"building libvgpu.so ({profile}, glibc {glibc}, {arch or 'host arch'}) into {out_dir}/ ...", err=True)
     result = build_shim(out_dir, arch=arch, glibc=glibc, compiler=compiler, profile=profile,
                          src_dir=src_dir)
     m = result.manifest
     doc: dict[str, Any] = {"library": str(result.library), "manifest_path": str(result.manifest_path), "build": m}
     if sign_key is not None:
+        from .. import provenance
+        from ..install import origin
         from ..signing import sign
 
         doc["signature"] = str(sign(result.library, sign_key))
+        # the build's provenance beside it (in-toto, SLSA v1), signed with the same key; the commit is this
+        # install's, so only for the package's own c_src
+        statement = provenance.write(result.library, m, origin().commit if src_dir is None else None)
+        doc["provenance"] = str(statement)
+        doc["provenance_signature"] = str(sign(statement, sign_key))
 
     report, skipped = (None, "drop-in check skipped (--no-check)") if no_check else _run_check(
         result.library, m["glibc_floor"], m["arch"])
@@ -108,6 +126,7 @@ def cli(out_dir: Path, arch: str | None, glibc: str, compiler: str | None, profi
         click.echo(f"manifest     {result.manifest_path}")
         if "signature" in doc:
             click.echo(f"signature    {doc['signature']}")
+            click.echo(f"provenance   {doc['provenance']} (signed: {doc['provenance_signature']})")
         if report is not None:
             click.echo(importlib.import_module("vgpu_patch.elf.check").render_table(report))
     if skipped:
@@ -118,18 +137,18 @@ def cli(out_dir: Path, arch: str | None, glibc: str, compiler: str | None, profi
         click.get_current_context().exit(report.exit_code or EXIT_INCOMPATIBLE)
 
 
-def _reproduce(manifest: Path, src_dir: Path | None, as_json: bool) -> None:
+def _reproduce(manifest: Path, src_dir: Path | None, as_json: bool, allow_defines: bool) -> None:
     """--reproduce: the manifest decides the target, compiler and profile, so those options are refused."""
     ctx = click.get_current_context()
     given = [max(p.opts, key=len) for p in ctx.command.params
-             if p.name not in ("reproduce_manifest", "src_dir", "as_json") and p.name
+             if p.name not in ("reproduce_manifest", "src_dir", "as_json", "allow_defines") and p.name
              and ctx.get_parameter_source(p.name) not in (None, click.core.ParameterSource.DEFAULT)]
     if given:
         raise click.UsageError(f"--reproduce takes the build's settings from {manifest}: drop {', '.join(given)}")
     from ..shim_build.reproduce import reproduce
 
     click.echo(f"rebuilding what {manifest} describes ...", err=True)
-    r = reproduce(manifest, src_dir)
+    r = reproduce(manifest, src_dir, allow_defines=allow_defines)
     if as_json:
         emit_json(r.to_json())
     else:

@@ -40,7 +40,9 @@ Exit codes: 0 written; 2 usage error (bad label, name, path, image reference or 
 @click.option("--name", default="vgpu-patch-agent", show_default=True, help="Name of the DaemonSet.")
 @click.option("--node-selector", "node_selector", multiple=True, metavar="KEY=VALUE",
               help="Run only on nodes with this label (repeatable) [default: gpu=on, HAMi's GPU node label].")
-@click.option("--host-dir", default="/usr/local/vgpu", show_default=True, help="The host's library directory.")
+@click.option("--host-dir", default="/usr/local/vgpu", show_default=True,
+              help="The host's library directory: under /usr/local, /opt or /var/lib, with no '.' or '..' parts "
+                   "(the chart's hostDir takes the same).")
 @click.option("--sha256", metavar="HEX", help="Pin the library's sha256 (else the image's manifest is used).")
 @click.option("--interval", type=click.FloatRange(min=0.5), default=10.0, show_default=True,
               help="Agent re-check interval in seconds.")

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import click
 
-from .. import verbosity
+from .. import provenance, verbosity
 from ..cli_options import (
     allowed_signers_option,
     dry_run_option,
@@ -63,11 +63,15 @@ def cli(file: str, install: bool, check: bool, expect_sha256: str | None, operat
     verified again, history recorded. A node left mid-way still has a whole file (old or new).
     """
     existing_path("FILE", file)
-    cand = inspect(file)  # fails early, locally, on a file that is not a shared object
+    # FILE (and its .sig) read once, into a private snapshot: the sha256, the ELF check, the signature and the
+    # upload all come from that copy; fails early, locally, on a file that is not a shared object
+    cand = inspect(file)
     verify_expected(cand, expect_sha256)
     # before any node is reached: an unsigned, foreign-signed or changed file goes nowhere
-    signature = verified(cand.path, allowed_signers) if allowed_signers else None
+    signature = verified(cand.path, allowed_signers, shown=cand.source) if allowed_signers else None
     signer = signature.signer if signature else None
+    # the build's provenance, when beside FILE: checked like the library (and from the same snapshot), then shown
+    prov = provenance.verified(cand.path, cand.sha256, allowed_signers, shown=cand.source) if allowed_signers else None
     targets = resolve_targets(kw)
     policy = policy_from(kw, len(targets.specs))
     req = SwapRequest(operator or default_operator(), "deploy", cand, tool=DEFAULT_TOOL, install=install, check=check,
@@ -81,10 +85,11 @@ def cli(file: str, install: bool, check: bool, expect_sha256: str | None, operat
     with progress(len(targets.specs), "deploy") as done:
         fleet = run_fleet(targets.specs, op, targets.connect, parallel=parallel, policy=policy, on_done=done)
     if as_json:
-        emit_json({"file": str(cand.path), "sha256": cand.sha256, "dry_run": dry_run,
-                   "signer": signer and signer.to_dict(), **fleet.to_dict()})
+        emit_json({"file": str(cand.source), "sha256": cand.sha256, "dry_run": dry_run,
+                   "signer": signer and signer.to_dict(), "provenance": prov and prov.to_dict(), **fleet.to_dict()})
     else:
         title = f"vgpu-patch deploy {cand.path.name} ({cand.sha256[:12]})" + (f", signed by {signer}" if signer else "")
+        title += f"; {prov}" if prov else ""
         if dry_run:
             plan_listing(fleet, title + " --dry-run", commands=verbosity.level() > 0)
         else:

@@ -8,7 +8,7 @@ from ..deploy.cli_targets import progress, resolve_targets
 from ..deploy.fleet import run_fleet
 from ..deploy.render import status_table
 from ..deploy.swap import node_status
-from ..errors import EXIT_OK, EXIT_REPLACED
+from ..errors import EXIT_OK, EXIT_REPLACED, DeployError
 
 EPILOG = """\b
 Examples:
@@ -19,7 +19,8 @@ Examples:
 Exit codes: 0 every node answered and has a library; 1 none did; 2 usage error;
 3 some did not; 5 every node answered, but on some the live file was replaced outside
 vgpu-patch (the device plugin's copy-back?: it differs from the last recorded change). A
-node without a libvgpu.so (or with an ambiguous one) counts as not done.
+node without a libvgpu.so (or with an ambiguous one), or whose state directory is refused
+(a symlink, or not root's alone), counts as not done.
 """
 
 
@@ -39,7 +40,10 @@ def cli(history: int, as_json: bool, parallel: int, **kw: object) -> None:
     from ..k8s.procmap import stale_table, with_pods
 
     def op(t, spec):
-        st = with_pods(t, node_status(t, targets.dir_for(spec), history=history))
+        st = node_status(t, targets.dir_for(spec), history=history)
+        if st.state_unsafe:  # its backups and history were not read: the node's state is unknown, and says why
+            raise DeployError(f"{t.name}:{st.target_dir}: {st.problem}")
+        st = with_pods(t, st)
         return ("ok" if st.path else "missing"), st  # no library: the node is not in a known state
 
     with progress(len(targets.specs), "status") as done:

@@ -4,7 +4,7 @@
 # functions; the caller then sets the parameters and calls the steps, in this order (docs/node-state.md):
 #   probe | begin, safe_state, lock, receive or stage, verify_source, load_test, back_up, swap_in, reverify,
 #   [byte_compare], record, report (with a verified signature, keep_signature before swap_in).
-#   The Ansible role: role_main deploy|rollback.   Status: print_live.
+#   The Ansible role: role_main deploy|rollback.   Status: print_live.   A rollback's target: print_backup.
 # shellcheck shell=sh
 
 # -- exit codes (the controller parses these lines: vgpu_patch/deploy/script.py) ---------------------------
@@ -34,12 +34,16 @@ STALE=0             # report: also print the processes still mapping the library
 SIG=""              # a signature of WANT the controller verified (the .sig's text): keep_signature stores it
 SIGNERJ=""          # its signer (JSON: {"principal", "key"}), recorded in the history; empty: unsigned
 PROBED_ME=""        # the uid the probe printed (the swap reuses it in the same shell)
+TO=""               # rollback: previous | vendor | 6+ hex digits of a backup's sha256 (choose_backup); probe: the
+                    # same, to print the rollback's verdict (empty: none)
 # -- variables: set by the steps ---------------------------------------------------------------------------
 LIB=libvgpu.so                            # the unversioned name
 CONTAINER_LIB=/usr/local/vgpu/libvgpu.so  # where HAMi mounts the chosen file inside a container
 S=""; ME=""; NOW=""; NOWJ=""               # the state dir, our uid, the swap's clock (plain and JSON)
 TMP=""; BTMP=""; LT=""; LOCKDIR=""         # temp files and the mkdir lock (removed by cleanup)
 WHY=""; CANDS=""                           # choose_live: the evidence (or the refusal), the version-like names
+BACKUP=""; STACK=""; RECORDED=""           # choose_backup: the sha256 to restore; the rollback stack (" a b c");
+                                           # every from_sha256 the history records
 cur=""; got=""; HASH=""                    # the sha256 of what is live, of what goes live, hash_of's result
 BK=""; NEWBK=""; REC=""; FROMJ=null; CURJ=null; SIZE=0  # back_up: the backup, and what the history records
 WANTJ=null                                 # the wanted sha256 (JSON), set by begin
@@ -49,7 +53,7 @@ NL='
 '
 TAB='	'
 # Scratch names, each used inside one function only: bad m out rc PRE keep sums code n f h p v o j l, and the
-# choose_live helpers' _-prefixed ones.
+# choose_live and choose_backup helpers' _-prefixed ones.
 
 # -- helpers -------------------------------------------------------------------------------------------------
 rmx() {  # rm -f what of "$@" exists: no rm process at all on the common path
@@ -201,6 +205,132 @@ print_live() {
   if choose_live; then printf 'ok\t%s\t%s\n' "${LIVE##*/}" "$WHY"; else printf 'refuse\t%s\n' "$WHY"; fi
 }
 
+# -- the rollback's target (docs/node-state.md "Rollback") --------------------------------------------------
+# whole_backup SHA: backups/SHA.so is a whole library (whole_lib: over an ELF header's 64 bytes, its section
+# headers inside it): older versions kept empty files, or files caught mid-copy, and a rollback never restores one
+whole_backup() {
+  [ -f "$S/backups/$1.so" ] || return 1
+  _sz=$(stat -c %s "$S/backups/$1.so" 2>/dev/null) || return 1
+  whole_lib "$S/backups/$1.so" "$_sz"
+}
+
+# kept SHA: a backup anyone can pick: its manifest beside it (a file without one is not listed by status)
+kept() { [ -f "$S/backups/$1.json" ] && whole_backup "$1"; }
+
+# hist_field LINE KEY: _v = the 64-hex string value of "KEY" in a history line, or empty (null, absent, other)
+hist_field() {
+  case $1 in
+    *"\"$2\": \""*) _v=${1#*"\"$2\": \""};;
+    *"\"$2\":\""*) _v=${1#*"\"$2\":\""};;
+    *) _v=""; return 0;;
+  esac
+  _v=${_v%%\"*}
+  case $_v in *[!0-9a-f]*) _v="";; esac
+  [ ${#_v} -eq 64 ] || _v=""
+}
+
+# stack_line LINE: one history line onto STACK: each swap pushes what it replaced, each rollback to a file on
+# the stack pops back to below it (deploy v1, v2; rollback, rollback = v1, vendor). A line cut short is skipped.
+stack_line() {
+  case $1 in *"}") ;; *"}"[[:space:]]) ;; *) return 0;; esac
+  hist_field "$1" to_sha256; _to=$_v
+  [ -n "$_to" ] || return 0
+  hist_field "$1" from_sha256; _fr=$_v
+  case $_fr in ?*) RECORDED="$RECORDED $_fr";; esac
+  case $1 in *'"action": "rollback"'*|*'"action":"rollback"'*)
+    case "$STACK " in *" $_to "*) STACK=${STACK%" $_to"*}; return 0;; esac;;
+  esac
+  if [ -n "$_fr" ] && [ "$_fr" != "$_to" ] && [ "${STACK##* }" != "$_fr" ]; then STACK="$STACK $_fr"; fi
+}
+
+# rollback_stack: STACK from the history, with a swap killed before its record (pending.json, when its file
+# is live: its to_sha256 is $cur) counted as the last line unless already there (as settle does on disk)
+rollback_stack() {
+  STACK=""; RECORDED=""; _last=""
+  if [ -f "$S/history.jsonl" ]; then
+    while IFS= read -r _l || [ -n "$_l" ]; do stack_line "$_l"; _last=$_l; done < "$S/history.jsonl"
+  fi
+  if [ -n "$cur" ] && [ -f "$S/pending.json" ]; then
+    _p=""; IFS= read -r _p < "$S/pending.json" || true
+    hist_field "$_p" to_sha256
+    if [ "$_v" = "$cur" ] && [ "$_p" != "$_last" ]; then stack_line "$_p"; fi
+  fi
+}
+
+# choose_backup: the backup a rollback restores, for the live file of sha256 $cur (empty: none): TO=previous
+# (the rollback stack's top: the file before the last swap still in effect), vendor (its bottom: the file before
+# the first recorded swap) or a backup's sha256 (6+ hex digits, one whole backup). With no record of a swap that
+# replaced a kept file, previous and vendor take the newest other whole backup. Sets BACKUP and WHY; returns 1
+# with WHY saying why it refuses. Only whole backups (whole_backup) are ever chosen.
+choose_backup() {
+  BACKUP=""; WHY=""
+  case ${TO:-previous} in
+    previous|vendor) ;;
+    *)
+      case $TO in *[!0-9a-fA-F]*) _bad=1;; *) _bad="";; esac
+      if [ -n "$_bad" ] || [ ${#TO} -lt 6 ] || [ ${#TO} -gt 64 ]; then
+        WHY="--to $TO: give previous, vendor, or at least 6 hex digits of a backup's sha256"; return 1
+      fi
+      _want=$(printf '%s' "$TO" | tr 'A-F' 'a-f'); _hits=""; _n=0; _all=""
+      for _f in "$S"/backups/*.json; do
+        [ -f "$_f" ] || continue
+        _h=${_f##*/}; _h=${_h%.json}
+        kept "$_h" || continue
+        _all="${_all:+$_all, }$(printf '%.12s' "$_h")"
+        case $_h in "$_want"*) _hits=$_h; _n=$((_n + 1));; esac
+      done
+      if [ "$_n" -ne 1 ]; then
+        [ "$_n" -eq 0 ] && _w=no || _w=several
+        WHY="$_w backups match $TO (kept: ${_all:-none}); see vgpu-patch status (or status.yml)"; return 1
+      fi
+      BACKUP=$_hits; WHY="the backup matching $TO"; return 0;;
+  esac
+  rollback_stack
+  _stack=""
+  for _h in $STACK; do
+    [ "$_h" = "$cur" ] && continue
+    [ -f "$S/backups/$_h.so" ] && ! whole_backup "$_h" && continue  # kept, but not a whole library
+    _stack="$_stack $_h"
+  done
+  _rec=""
+  for _h in $RECORDED; do kept "$_h" && _rec=1 && break; done
+  if [ -z "${_stack# }" ] && [ -z "$_rec" ]; then
+    # no record of a swap that replaced a file kept here: the newest other whole backup, by its saved_at
+    _best=""; _bt=""
+    for _f in "$S"/backups/*.json; do
+      [ -f "$_f" ] || continue
+      _h=${_f##*/}; _h=${_h%.json}
+      [ "$_h" != "$cur" ] && kept "$_h" || continue
+      _l=""; IFS= read -r _l < "$_f" || true
+      _t=${_l#*\"saved_at\": \"}; [ "$_t" = "$_l" ] && _t=""; _t=${_t%%\"*}
+      if [ -z "$_best" ] || [ "$(printf '%s\n%s\n' "$_bt" "$_t" | sort | tail -n 1)" = "$_t" ]; then
+        _best=$_h; _bt=$_t
+      fi
+    done
+    [ -n "$_best" ] || { WHY="no backup to roll back to"; return 1; }
+    BACKUP=$_best; WHY="no recorded swap replaced a kept file: the newest other whole backup"; return 0
+  fi
+  if [ -z "${_stack# }" ]; then
+    WHY="no earlier file to roll back to (the live file is the oldest recorded: every swap has been rolled back);"
+    WHY="$WHY pick a backup with --to SHA256"; return 1
+  fi
+  if [ "$TO" = vendor ]; then
+    _p=${_stack# }; _p=${_p%% *}; WHY="vendor: the file before the first recorded swap"
+  else
+    _p=${_stack##* }; WHY="previous: the file before the last swap still in effect"
+  fi
+  if ! [ -f "$S/backups/$_p.so" ] || ! [ -f "$S/backups/$_p.json" ]; then
+    WHY="the backup of $(printf '%.12s' "$_p") (${TO:-previous}) is missing from $S/backups; pick another with"
+    WHY="$WHY --to SHA256"; return 1
+  fi
+  BACKUP=$_p
+}
+
+# print_backup: choose_backup's verdict for the controller: `ok<TAB>SHA256<TAB>WHY` or `refuse<TAB>WHY`
+print_backup() {
+  if choose_backup; then printf 'ok\t%s\t%s\n' "$BACKUP" "$WHY"; else printf 'refuse\t%s\n' "$WHY"; fi
+}
+
 # -- probe: read-only facts, one section each (vgpu_patch/deploy/facts.py parses them) -----------------------
 section() { printf '\n@@vgpu %s\n' "$1"; }
 
@@ -268,6 +398,11 @@ probe() {
       if [ -f "$S/signatures/$h.sig" ]; then printf 'yes\t'; else printf 'no\t'; fi
       l=""; IFS= read -r l < "$j"; printf '%s\n' "$l"
     done
+  fi
+  if [ -n "$TO" ] && [ -z "$UNSAFE" ]; then  # a rollback's target, for the live file choose_live chose
+    section rollback
+    cur=""; [ -n "$LIVE" ] && [ -f "$LIVE" ] && [ ! -L "$LIVE" ] && hash_of "$LIVE" && cur=$HASH
+    print_backup
   fi
   section history
   [ -z "$UNSAFE" ] && [ -f "$S/history.jsonl" ] && tail -n "$HISTORY" "$S/history.jsonl"
@@ -509,10 +644,10 @@ report() {
 # -- the Ansible role: parameters from VGPU_* variables, the live file chosen here -----------------------
 # VGPU_DIR VGPU_ACTION (deploy|rollback) VGPU_WANT VGPU_TO VGPU_INSTALL (1: install where no library is)
 # VGPU_OPERATOR_JSON VGPU_TOOL_JSON VGPU_STALE (1: list the processes still mapping the library)
-# VGPU_PICK_PY (rollback: the rollback-stack program). deploy: the candidate comes base64-encoded on stdin;
+# VGPU_TO (rollback: previous | vendor | a backup's sha256, choose_backup). deploy: the candidate comes on stdin;
 # VGPU_SIGNATURE and VGPU_SIGNER_JSON: its verified signature and signer, kept by keep_signature (else unsigned).
 role_main() {
-  D=$VGPU_DIR; WANT=$VGPU_WANT; OPJ=$VGPU_OPERATOR_JSON; TOOLJ=$VGPU_TOOL_JSON; ACTJ="\"$1\""
+  D=$VGPU_DIR; WANT=$VGPU_WANT; OPJ=$VGPU_OPERATOR_JSON; TOOLJ=$VGPU_TOOL_JSON; ACTJ="\"$1\""; TO=${VGPU_TO:-}
   if [ "$1" = deploy ] && [ -n "${VGPU_SIGNATURE:-}" ]; then SIG=$VGPU_SIGNATURE; SIGNERJ=$VGPU_SIGNER_JSON; fi
   STALE=${VGPU_STALE:-0}
   [ -d "$D" ] || fail "$E_WRITE" "$D is not a directory: is HAMi installed? set vgpu_patch_target_dir"
@@ -543,20 +678,9 @@ role_main() {
   report
 }
 
-# pick_backup: the role's rollback target: VGPU_TO = previous | vendor (the rollback stack) | a sha256 prefix
+# pick_backup: the role's rollback target, by the same rule as the CLI's (choose_backup), under the lock
 pick_backup() {
   cur=""; [ -e "$LIVE" ] && hash_of "$LIVE" && cur=$HASH
-  case "$VGPU_TO" in
-    ""|previous|vendor)
-      command -v python3 >/dev/null 2>&1 || fail "$E_WRITE" "python3 is needed on the node to read the rollback stack"
-      WANT=$(python3 -c "$VGPU_PICK_PY" "$S/history.jsonl" "$cur" "${VGPU_TO:-previous}")
-      m="no earlier file to roll back to on this node (every recorded swap is rolled back, or none was recorded);"
-      [ -n "$WANT" ] || fail "$E_WRITE" "$m pass vgpu_patch_rollback_to=SHA256";;
-    *)
-      set -- "$S"/backups/"$VGPU_TO"*.so
-      [ "$#" -eq 1 ] && [ -f "$1" ] || fail "$E_WRITE" "no single backup matches $VGPU_TO in $S/backups; see status.yml"
-      [ "$(stat -c %s "$1")" -gt 64 ] || fail "$E_WRITE" "$1 is not a whole library: it is never restored; pick another"
-      WANT=${1##*/}; WANT=${WANT%.so};;
-  esac
-  SRC="$S/backups/$WANT.so"
+  choose_backup || fail "$E_WRITE" "$WHY; nothing was changed"
+  WANT=$BACKUP; SRC="$S/backups/$WANT.so"
 }

@@ -15,7 +15,6 @@ from importlib import resources
 from ..errors import DeployError
 from ..transport.base import Transport
 from .candidate import parse_glibc
-from .rollback_pick import settle
 
 LIB = "libvgpu.so"
 STATE = ".vgpu-patch"
@@ -66,6 +65,8 @@ class NodeFacts:
     live_why: str = ""  # the evidence that decided it, or why it refused
     plugin_manifest: dict | None = None  # vgpu-patch-manifest.json a plugin image (plugin-image) installed
     signatures: dict[str, dict] = field(default_factory=dict)  # sha256 -> its kept signature's record (present)
+    rollback_to: str | None = None  # the node program's rollback target (choose_backup), None when it refused
+    rollback_why: str = ""  # why that one, or why it refused ("" when the probe was not asked: TO unset)
 
     def file(self, name: str) -> LibFile | None:
         return next((f for f in self.files if f.name == name), None)
@@ -93,11 +94,13 @@ def node_program() -> str:
     return (resources.files("vgpu_patch") / "data" / "node.sh").read_text()
 
 
-def probe_script(real_dir: str, *, history: int = 20, maps: bool = True, proc: str = "/proc") -> str:
+def probe_script(real_dir: str, *, history: int = 20, maps: bool = True, proc: str = "/proc",
+                 rollback_to: str | None = None) -> str:
     """node.sh's `probe` with its parameters (`proc`: where the node's processes are; a test points it elsewhere).
-    It prints one `@@vgpu <name>` section per fact, the live file's verdict among them (section `live`)."""
+    It prints one `@@vgpu <name>` section per fact, the live file's verdict among them (section `live`), and
+    with `rollback_to` (previous, vendor or a sha256 prefix) the rollback's target (section `rollback`)."""
     d = real_dir.rstrip("/") or "/"
-    args = {"D": d, "PROC": proc, "HISTORY": int(history), "MAPS": 1 if maps else 0}
+    args = {"D": d, "PROC": proc, "HISTORY": int(history), "MAPS": 1 if maps else 0, "TO": rollback_to or ""}
     return node_program() + "\n" + "; ".join(f"{k}={shlex.quote(str(v))}" for k, v in args.items()) + "\nprobe\n"
 
 
@@ -223,6 +226,11 @@ def parse(text: str, node_dir: str) -> NodeFacts:
         facts.live_name, facts.live_why = verdict[1], verdict[2]
     elif verdict[0] == "refuse" and len(verdict) >= 2:
         facts.live_why = verdict[1]
+    pick = (sec.get("rollback") or [""])[0].split("\t")
+    if pick[0] == "ok" and len(pick) >= 3 and len(pick[1]) == 64:
+        facts.rollback_to, facts.rollback_why = pick[1], pick[2]
+    elif pick[0] == "refuse" and len(pick) >= 2:
+        facts.rollback_why = pick[1]
     # a swap killed between its rename and its record: on record when its file is live (node.sh `settle`)
     pending = _json_lines(sec.get("pending", []), facts.warnings, "pending.json")
     live = facts.file(facts.live_name) if facts.live_name else None
@@ -250,6 +258,16 @@ def from_probe(t: Transport, text: str, node_dir: str, *, maps: bool) -> NodeFac
     return facts
 
 
+def settle(history: list[dict], pending: dict | None, live: str | None) -> list[dict]:
+    """The history with a swap killed between its rename and its record put back (node.sh `settle`): each swap
+    writes its line to pending.json before the rename and moves it into history.jsonl after. A pending line that
+    is not the last history line (a kill before the move) counts as done when its file is live (`live`: its
+    sha256 now)."""
+    if pending is None or pending.get("to_sha256") != live or live is None or history[-1:] == [pending]:
+        return history
+    return [*history, pending]
+
+
 # -- the live file: the node program's verdict --------------------------------------------------------
 def choose_live(facts: NodeFacts, node: str) -> LibFile | None:
     """The file HAMi really uses (as the probe chose it), None when the directory holds none; DeployError when
@@ -264,6 +282,20 @@ def choose_live(facts: NodeFacts, node: str) -> LibFile | None:
             f"(its directory as --target-dir) or make {live.name} a regular file"
         )
     return live
+
+
+def chosen_backup(facts: NodeFacts, node: str) -> dict:
+    """The backup a rollback restores, as the probe's node program chose it (node.sh `choose_backup`, the one
+    rollback rule of the CLI, the agent and the Ansible role); DeployError with its reason when it refused."""
+    where = f"{node}:{facts.target_dir}"
+    if facts.rollback_to is None:
+        why = facts.rollback_why or "the probe printed no rollback verdict; is /bin/sh POSIX?"
+        raise DeployError(f"{where}: {why}; nothing was changed")
+    backup = facts.backup(facts.rollback_to)
+    if backup is None:  # the probe checked it is kept: only a change since then
+        raise DeployError(f"{where}: the backup of {facts.rollback_to[:12]} is no longer in {facts.target_dir}/"
+                          f"{STATE}/backups; see `vgpu-patch status`, nothing was changed")
+    return backup
 
 
 def other_files(facts: NodeFacts) -> list[str]:

@@ -14,7 +14,6 @@ import shlex
 from functools import cache
 
 from .facts import node_program
-from .rollback_pick import rollback_stack
 
 
 def _codes() -> dict[str, int]:
@@ -74,4 +73,4 @@ done
 exit 0
 """
 
-__all__ = ["AWAIT", "PROBE_END", "RECEIVED", "SCRIPT_END", "code_of", "jstr", "params", "rollback_stack", "script"]
+__all__ = ["AWAIT", "PROBE_END", "RECEIVED", "SCRIPT_END", "code_of", "jstr", "params", "script"]

@@ -113,6 +113,7 @@ class NodeStatus:
     delivered_by_plugin: bool = False  # the device plugin's image installed it (vgpu-patch plugin-image)
     other_files: list[str] = field(default_factory=list)  # every other libvgpu.so*: leftovers, old versions
     signer: dict | None = None  # who signed the live file ({"principal", "key"}, verified when it was deployed)
+    state_unsafe: bool = False  # the state dir is not read through (a symlink, not root's): `problem` says why
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -259,8 +260,9 @@ def swap(t: Transport, req: SwapRequest, *, judge: Judge | None = None) -> SwapR
     returns the request to carry out, or None to change nothing (the agent: one probe per repair).
     """
     node_dir = req.node_dir
-    history = F.ALL_HISTORY if req.action == "rollback" or judge is not None else 20
-    session = _Session(t, F.probe_script(t.path(node_dir), history=history, maps=False))
+    history = F.ALL_HISTORY if judge is not None else 20
+    to = (req.to_sha256 or "previous") if req.action == "rollback" else None  # node.sh choose_backup decides
+    session = _Session(t, F.probe_script(t.path(node_dir), history=history, maps=False, rollback_to=to))
     try:
         facts = F.from_probe(t, session.probe_out, node_dir, maps=False)
         _refuse_unsafe_state(t, facts)
@@ -353,59 +355,6 @@ def _alive(t: Transport) -> bool:
     return alive() if callable(alive) else True
 
 
-rollback_stack = S.rollback_stack
-
-
-def choose_backup(facts: F.NodeFacts, live: F.LibFile | None, to_sha256: str | None, node: str) -> dict:
-    """The backup to restore: `previous` (the stack's top), `vendor` (its bottom), or a sha256 (6+ hex).
-
-    A backup that is not a whole library (older versions kept empty files, or files caught mid-copy, and
-    recorded them as from_sha256) is never restored: it is neither on the stack nor matched by --to.
-    """
-    where = f"{node}:{facts.target_dir}"
-    present = [b for b in facts.backups if b.get("present") and _whole(b)]
-    whole = {str(b.get("sha256")) for b in present}
-    want = (to_sha256 or "previous").lower()
-    if want in ("previous", "vendor"):
-        partial = {str(b.get("sha256")) for b in facts.backups if not _whole(b)}
-        stack = [h for h in rollback_stack(facts.history)
-                 if (live is None or h != live.sha256) and h not in partial]
-        # no records, or none that replaced a restorable file: the newest other (whole) backup
-        recorded = any(isinstance(e.get("from_sha256"), str) and e["from_sha256"] in whole for e in facts.history)
-        if not stack and not recorded:
-            others = [b for b in present if live is None or b.get("sha256") != live.sha256]
-            if not others:
-                raise DeployError(f"{where}: no backup to roll back to; nothing was changed")
-            return others[-1]
-        if not stack:
-            raise DeployError(f"{where}: no earlier file to roll back to (the live file is the oldest recorded: "
-                              f"every swap has been rolled back); pick a backup with --to SHA256, nothing was changed")
-        pick = stack[0] if want == "vendor" else stack[-1]
-        b = facts.backup(pick)
-        if b is None:
-            raise DeployError(f"{where}: the backup of {pick[:12]} ({want}) is missing from {facts.target_dir}/"
-                              f"{F.STATE}/backups; pick another with --to SHA256, nothing was changed")
-        return b
-    if len(want) < 6 or any(c not in "0123456789abcdef" for c in want):
-        raise UsageError(f"--to {to_sha256}: give previous, vendor, or at least 6 hex digits of a backup's sha256")
-    hits = [b for b in present if str(b.get("sha256", "")).startswith(want)]
-    if len(hits) != 1:
-        known = ", ".join(str(b["sha256"])[:12] for b in present) or "none"
-        raise DeployError(
-            f"{where}: {'no' if not hits else 'several'} backups match {to_sha256} "
-            f"(kept: {known}); see `vgpu-patch status`"
-        )
-    return hits[0]
-
-
-def _whole(backup: dict) -> bool:
-    """Whether a backup's manifest describes a whole library (more than an ELF header's 64 bytes)."""
-    try:
-        return int(backup.get("size") or 0) > 64
-    except (TypeError, ValueError):
-        return False
-
-
 def rollback(
     t: Transport,
     target_dir: str = DEFAULT_DIR,
@@ -427,7 +376,7 @@ def rollback(
 def _rollback(t: Transport, session: _Session, facts: F.NodeFacts, live: F.LibFile | None,
               req: SwapRequest) -> SwapResult:
     node_dir = req.node_dir
-    backup = choose_backup(facts, live, req.to_sha256, t.name)
+    backup = F.chosen_backup(facts, t.name)
     want = str(backup["sha256"])
     live_path = live.path if live else str(backup.get("path") or f"{node_dir}/{F.LIB}")
     if not live_path.startswith(node_dir + "/"):
@@ -488,6 +437,7 @@ def node_status(t: Transport, target_dir: str = DEFAULT_DIR, *, history: int = 5
         delivered_by_plugin=by_plugin,
         other_files=F.other_files(facts),
         signer=facts.signer(live.sha256) if live else None,
+        state_unsafe=facts.state_problem is not None,
     )
 
 

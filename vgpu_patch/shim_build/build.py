@@ -28,6 +28,7 @@ from .. import __version__, verbosity
 from ..digest import sha256_file
 from ..elf import proof
 from ..errors import BuildError, UsageError
+from ..provenance import statement_path
 from ..signing import signature_path
 from . import headers, manifest, toolchain
 from .sources import HOOKS_DEF_PLACES, c_src_dir, find_hooks_def
@@ -298,6 +299,8 @@ def build_shim(
             # a signature of the previous library must not sit beside the new one (deploy would refuse
             # it as not matching; --sign writes a fresh one)
             signature_path(final).unlink(missing_ok=True)
+            statement_path(final).unlink(missing_ok=True)  # and its provenance (--sign writes a fresh one)
+            signature_path(statement_path(final)).unlink(missing_ok=True)
             os.replace(staged, final)  # never a half-written libvgpu.so, even for a reader mid-build
         finally:
             staged.unlink(missing_ok=True)

@@ -193,6 +193,29 @@ def resolve(compiler: str | None, arch: str | None, glibc: str | None) -> Toolch
     return _gcc_like(path, arch, glibc)
 
 
+KINDS = ("zig", "gcc")
+
+
+def own_compiler(kind: str) -> str:
+    """This install's compiler of `kind` ('zig' or 'gcc'), as `resolve` takes it: the ziglang wheel (else a zig on
+    an absolute PATH entry) or gcc/cc found on an absolute PATH entry, as an absolute path. For `build --reproduce`:
+    a manifest names the compiler that made a build, and that name is compared, never run."""
+    if kind not in KINDS:
+        raise UsageError(f"compiler kind {kind!r} is unknown to this version: it rebuilds with {' or '.join(KINDS)}")
+    trusted = os.pathsep.join(p for p in os.environ.get("PATH", os.defpath).split(os.pathsep) if os.path.isabs(p))
+    if kind == "zig":
+        if importlib.util.find_spec("ziglang") is not None:
+            return "zig"
+        found = shutil.which("zig", path=trusted)
+        if found is None:
+            raise BuildError(f"zig not found (the ziglang wheel, or zig on PATH): {build_extra()}")
+        return found
+    found = shutil.which("gcc", path=trusted) or shutil.which("cc", path=trusted)
+    if found is None:
+        raise BuildError(f"gcc not found on PATH (nor cc): {install_hint()}")
+    return found
+
+
 def _auto(arch: str, glibc: str | None) -> Toolchain:
     """gcc when it can meet the target natively (same arch, host glibc <= floor), else zig."""
     hg = host_glibc()

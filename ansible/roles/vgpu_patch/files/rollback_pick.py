@@ -1,1 +1,0 @@
-../../../../vgpu_patch/deploy/rollback_pick.py
