@@ -43,8 +43,11 @@ VGPU_EXPORT CUresult cuMemGetInfo_v2(size_t *free, size_t *total)
     size_t f = 0, t = 0;
     uint64_t limit;
     int dev;
-    CUresult rc = real(&f, &t); /* locals: a NULL output must not reach the driver */
+    CUresult rc;
 
+    if (!free || !total) /* the driver's own answer (CUDA_ERROR_INVALID_VALUE), never a success left unfilled */
+        return real(free, total);
+    rc = real(&f, &t);
     if (rc != CUDA_SUCCESS)
         return rc;
     dev = vgpu_dev_of_current_ctx();
@@ -54,10 +57,8 @@ VGPU_EXPORT CUresult cuMemGetInfo_v2(size_t *free, size_t *total)
         f = (size_t)limited_free(vgpu_budget_used(dev), limit, f);
         t = (size_t)limit;
     }
-    if (free)
-        *free = f;
-    if (total)
-        *total = t;
+    *free = f;
+    *total = t;
     return CUDA_SUCCESS;
 }
 VGPU_OWN_ALIAS(cuMemGetInfo_v2)
