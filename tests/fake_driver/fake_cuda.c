@@ -7,7 +7,9 @@
  *   FAKE_CUDA_DEVICES=N       devices (default 2, at most 16)
  *   FAKE_CUDA_MEM_MB=M        memory per device (default 1024)
  *   FAKE_CUDA_ORDER=1,0       CUDA ordinal i is physical device order[i] (like CUDA_VISIBLE_DEVICES);
- *                             the device count becomes the list length; unset: identity
+ *                             the device count becomes the list length; unset: CUDA_VISIBLE_DEVICES as
+ *                             the real driver reads it (indices, UUIDs, UUID prefixes: visible.h) over the
+ *                             FAKE_CUDA_DEVICES physical devices; neither: identity
  *   FAKE_CUDA_CTX_MB=M        memory a context takes (the retained primary context once per
  *                             device, every created/green context; default 0)
  *   FAKE_CUDA_POOL_GRANULE_MB=G a pool's reserve grows in steps of G MiB, as a real pool's does
@@ -47,6 +49,7 @@
 #include <string.h>
 
 #include <cuda.h>
+#include "visible.h" /* CUDA_VISIBLE_DEVICES */
 /* cuda.h maps these names onto their newest versions; the fake exports the legacy ABIs under the
  * plain names, as the real driver does */
 #undef cuGetProcAddress
@@ -321,6 +324,10 @@ __attribute__((constructor)) static void fake_config(void)
                 s++;
         }
         ndev = n;
+    } else {
+        int n = fake_visible_order(ndev, phys, MAXDEV);
+        if (n >= 0)
+            ndev = n;
     }
     s = getenv("FAKE_CUDA_MEM_MB");
     if (s)
