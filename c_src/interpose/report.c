@@ -31,6 +31,15 @@ static uint64_t min_u64(uint64_t a, uint64_t b)
     return a < b ? a : b;
 }
 
+/* Before a report: a context made before we could see it is measured once, and memory the driver took
+ * behind every call we see (a module loaded lazily, local memory grown at a launch) is found again at
+ * most every 20 ms, so the figures show what the host's NVML shows for the container. */
+static void vgpu_overhead_report(int dev)
+{
+    vgpu_overhead_ensure(dev);
+    vgpu_overhead_refresh(dev, 0);
+}
+
 /* free as the container sees it: what is left of its limit, and never more than the device has */
 static uint64_t limited_free(uint64_t used, uint64_t limit, uint64_t real_free)
 {
@@ -53,7 +62,7 @@ VGPU_EXPORT CUresult cuMemGetInfo_v2(size_t *free, size_t *total)
     dev = vgpu_dev_of_current_ctx();
     limit = dev >= 0 ? vgpu_budget_limit(dev) : 0;
     if (limit) {
-        vgpu_overhead_ensure(dev); /* a context made before we could see it: measured once */
+        vgpu_overhead_report(dev);
         f = (size_t)limited_free(vgpu_budget_used(dev), limit, f);
         t = (size_t)limit;
     }
@@ -117,7 +126,7 @@ static int limit_nvml_view(nvmlDevice_t device, unsigned long long *total, unsig
 
     if (!limit)
         return 0;
-    vgpu_overhead_ensure(dev);
+    vgpu_overhead_report(dev);
     *used = vgpu_budget_used(dev);
     *free = limited_free(*used, limit, *free);
     *total = limit;
