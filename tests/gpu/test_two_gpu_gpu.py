@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import socket
+import subprocess
+import sys
 
 import pytest
 
@@ -57,9 +59,6 @@ if __name__ == "__main__":
 
 
 def test_tensor_parallel_nccl_all_reduce_under_a_limit(gpu: Gpu, tmp_path) -> None:
-    import subprocess
-    import sys
-
     _two_gpus_with_torch(gpu)
     script = tmp_path / "all_reduce.py"
     script.write_text(ALL_REDUCE)
@@ -112,3 +111,49 @@ def test_cuda_ipc_between_two_processes_is_charged_once(gpu: Gpu, tmp_path) -> N
     # the reader's view counts the writer's 256 MiB once (and both contexts), not a second time for the opening
     assert r["free"] >= 4 * GiB - 256 * (1 << 20) - 2 * 1024 * (1 << 20), r
     assert r["peer"] in (True, False, None)
+
+
+ORDER = """
+import ctypes, json, os
+cuda = ctypes.CDLL("libcuda.so.1")
+nvml = ctypes.CDLL("libnvidia-ml.so.1")
+class Mem(ctypes.Structure):
+    _fields_ = [("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong), ("used", ctypes.c_ulonglong)]
+assert cuda.cuInit(0) == 0 and nvml.nvmlInit_v2() == 0
+n = ctypes.c_int()
+cuda.cuDeviceGetCount(ctypes.byref(n))
+totals = []
+for d in range(n.value):
+    ctx, t = ctypes.c_void_p(), ctypes.c_size_t()
+    assert cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), d) == 0 and cuda.cuCtxSetCurrent(ctx) == 0
+    assert cuda.cuDeviceTotalMem_v2(ctypes.byref(t), d) == 0
+    totals.append(t.value)
+phys, uuids = [], []
+count = ctypes.c_uint()
+nvml.nvmlDeviceGetCount_v2(ctypes.byref(count))
+for i in range(count.value):
+    h, m, u = ctypes.c_void_p(), Mem(), ctypes.create_string_buffer(96)
+    assert nvml.nvmlDeviceGetHandleByIndex_v2(i, ctypes.byref(h)) == 0
+    assert nvml.nvmlDeviceGetMemoryInfo(h, ctypes.byref(m)) == 0
+    nvml.nvmlDeviceGetUUID(h, u, 96)
+    phys.append(m.total)
+    uuids.append(u.value.decode())
+print(json.dumps({"cuda": totals, "nvml": phys, "uuids": uuids}))
+"""
+
+
+def test_visible_device_orders_hold_each_limit_on_the_real_driver(gpu: Gpu) -> None:
+    """HAMi-core #319 on real devices: reordered indices, full UUIDs and UUID prefixes."""
+    _two_gpus_with_torch(gpu)
+    base = gpu.python(ORDER, None, preload=False)
+    assert base.returncode == 0, base.stderr
+    uuids = json.loads(base.stdout.strip().splitlines()[-1])["uuids"]
+    limits = {"CUDA_DEVICE_MEMORY_LIMIT_0": "2g", "CUDA_DEVICE_MEMORY_LIMIT_1": "3g"}
+    for visible in ("1,0", f"{uuids[1]},{uuids[0]}", f"{uuids[1][:12]},{uuids[0][:12]}"):
+        env = gpu.env(None, CUDA_VISIBLE_DEVICES=visible, **limits)
+        p = subprocess.run([sys.executable, "-c", ORDER], env=env, capture_output=True, text=True, timeout=300)
+        assert p.returncode == 0, (visible, p.stderr)
+        r = json.loads(p.stdout.strip().splitlines()[-1])
+        assert r["cuda"] == [2 * GiB, 3 * GiB], (visible, r)
+        # NVML numbers as the host: physical 1 is CUDA ordinal 0 (2g), physical 0 is ordinal 1 (3g)
+        assert r["nvml"][:2] == [3 * GiB, 2 * GiB], (visible, r)
