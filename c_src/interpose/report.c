@@ -1,5 +1,6 @@
 /* cuInit and the memory reporting calls: with a limit they show the limit (total) and the
- * budget left (free); without one, the real device. Never 0 bytes, NULL outputs tolerated. */
+ * budget left (free); without one, the real device. Never 0 bytes; a NULL output gets the driver's
+ * own answer. */
 #include <stdint.h>
 #include <string.h>
 
