@@ -73,7 +73,7 @@ static mode_t file_mode(mode_t dir)
     if (!s || !*s)
         return mode;
     m = strtoul(s, &end, 8);
-    if (*end || m > 0777 || !(m & 0600)) {
+    if (*end || m > 0777 || (m & 0600) != 0600) {
         VGPU_WARN("ignoring VGPU_SHARED_CACHE_MODE='%.16s': want an octal mode like 0660 that keeps owner rw", s);
         return mode;
     }

@@ -74,10 +74,10 @@ def _container(world: Path, name: str, mode: int, owner: int = 0) -> Path:
 class Holder:
     """The holder program as `uid`, on the region `cache` with a 100m limit; stopped by close()."""
 
-    def __init__(self, world: Path, cache: Path, uid: int) -> None:
+    def __init__(self, world: Path, cache: Path, uid: int, **extra: str) -> None:
         e = {"PATH": "/usr/bin:/bin", "LD_PRELOAD": str(world / "libvgpu.so"), "LD_LIBRARY_PATH": str(world),
              "CUDA_DEVICE_MEMORY_LIMIT": "100m", "CUDA_DEVICE_MEMORY_SHARED_CACHE": str(cache),
-             "FAKE_CUDA_DEVICES": "1", "TMPDIR": str(world)}
+             "FAKE_CUDA_DEVICES": "1", "TMPDIR": str(world), **extra}
         kw = {} if uid == 0 else {"user": uid, "group": uid, "extra_groups": []}
         self.proc = subprocess.Popen([str(world / "holder")], env=e, cwd=str(world), stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -187,3 +187,15 @@ def test_bad_input_a_region_path_without_a_name_is_refused_not_faulted(world: Pa
     with holders(world, Path(str(ctr) + "/"), 0) as (root,):
         assert root.result["rc"] == 0  # per process: a directory is no region
     assert "per process only" in root.err, root.err
+
+
+@pytest.mark.parametrize("mode", ["0400", "0200", "999", "rw", "01666", "0x1b6"])
+def test_bad_input_a_malformed_mode_is_ignored_with_one_line(world: Path, mode: str) -> None:
+    """VGPU_SHARED_CACHE_MODE must be octal and keep the owner's read and write: a read-only region (0400) would
+    be refused by every process, its creator included, and leave the container on per-process limits."""
+    cache = _container(world, "ctr", 0o755) / "gpu.cache"
+    h = Holder(world, cache, 0, VGPU_SHARED_CACHE_MODE=mode)
+    h.close()
+    assert h.result["rc"] == 0 and h.result["total"] == 100 * MiB, h.result
+    assert h.err.count("ignoring VGPU_SHARED_CACHE_MODE") == 1 and "per process" not in h.err, h.err
+    assert stat.S_IMODE(cache.stat().st_mode) == 0o666  # the directory's rule instead
