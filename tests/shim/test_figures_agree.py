@@ -135,4 +135,8 @@ def test_two_processes_of_a_container_see_the_same_figures(env: Env) -> None:
         r = second.result
         assert r["nvml"] == [100 * MiB, 58 * MiB, 42 * MiB] and r["cu"] == [100 * MiB, 42 * MiB], r
     finally:
-        first.communicate("\n", timeout=30)
+        try:
+            first.communicate("\n", timeout=30)
+        except subprocess.TimeoutExpired:
+            first.kill()
+            first.communicate()
