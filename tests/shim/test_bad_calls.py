@@ -50,6 +50,7 @@ static void run(const char *name, call_fn fn)
     fflush(stdout);
     pid_t pid = fork();
     if (pid == 0) {
+        alarm(30); /* a call that hangs dies of SIGALRM (reported), never outlives the test */
         setup();
         pending = fn;
         if (phase == 1) {
