@@ -84,14 +84,12 @@ static unsigned int clamp32(size_t v)
 VGPU_HIDDEN CUresult vgpu_own_cuMemGetInfo(unsigned int *free, unsigned int *total)
 {
     size_t f, t;
-    CUresult rc = vgpu_own_cuMemGetInfo_v2(&f, &t);
+    CUresult rc = vgpu_own_cuMemGetInfo_v2(free ? &f : 0, total ? &t : 0); /* NULL: the driver answers */
 
     if (rc != CUDA_SUCCESS)
         return rc;
-    if (free)
-        *free = clamp32(f);
-    if (total)
-        *total = clamp32(t);
+    *free = clamp32(f);
+    *total = clamp32(t);
     return CUDA_SUCCESS;
 }
 

@@ -1,5 +1,6 @@
 /* cuInit and the memory reporting calls: with a limit they show the limit (total) and the
- * budget left (free); without one, the real device. Never 0 bytes, NULL outputs tolerated. */
+ * budget left (free); without one, the real device. Never 0 bytes; a NULL output gets the driver's
+ * own answer. */
 #include <stdint.h>
 #include <string.h>
 
@@ -31,6 +32,15 @@ static uint64_t min_u64(uint64_t a, uint64_t b)
     return a < b ? a : b;
 }
 
+/* Before a report: a context made before we could see it is measured once, and memory the driver took
+ * behind every call we see (a module loaded lazily, local memory grown at a launch) is found again at
+ * most every 20 ms, so the figures show what the host's NVML shows for the container. */
+static void vgpu_overhead_report(int dev)
+{
+    vgpu_overhead_ensure(dev);
+    vgpu_overhead_refresh(dev, 0);
+}
+
 /* free as the container sees it: what is left of its limit, and never more than the device has */
 static uint64_t limited_free(uint64_t used, uint64_t limit, uint64_t real_free)
 {
@@ -43,21 +53,22 @@ VGPU_EXPORT CUresult cuMemGetInfo_v2(size_t *free, size_t *total)
     size_t f = 0, t = 0;
     uint64_t limit;
     int dev;
-    CUresult rc = real(&f, &t); /* locals: a NULL output must not reach the driver */
+    CUresult rc;
 
+    if (!free || !total) /* the driver's own answer (CUDA_ERROR_INVALID_VALUE), never a success left unfilled */
+        return real(free, total);
+    rc = real(&f, &t);
     if (rc != CUDA_SUCCESS)
         return rc;
     dev = vgpu_dev_of_current_ctx();
     limit = dev >= 0 ? vgpu_budget_limit(dev) : 0;
     if (limit) {
-        vgpu_overhead_ensure(dev); /* a context made before we could see it: measured once */
+        vgpu_overhead_report(dev);
         f = (size_t)limited_free(vgpu_budget_used(dev), limit, f);
         t = (size_t)limit;
     }
-    if (free)
-        *free = f;
-    if (total)
-        *total = t;
+    *free = f;
+    *total = t;
     return CUDA_SUCCESS;
 }
 VGPU_OWN_ALIAS(cuMemGetInfo_v2)
@@ -116,7 +127,7 @@ static int limit_nvml_view(nvmlDevice_t device, unsigned long long *total, unsig
 
     if (!limit)
         return 0;
-    vgpu_overhead_ensure(dev);
+    vgpu_overhead_report(dev);
     *used = vgpu_budget_used(dev);
     *free = limited_free(*used, limit, *free);
     *total = limit;

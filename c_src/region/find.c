@@ -22,7 +22,7 @@
 #include "log/log.h"
 #include "region/region.h"
 
-static int acceptable(int dir, const char *name)
+static int acceptable(int dir, const struct stat *dirst, const char *name)
 {
     struct stat st;
     vgpu_region_t head;
@@ -30,7 +30,7 @@ static int acceptable(int dir, const char *name)
 
     if (fd < 0)
         return 0;
-    ok = fstat(fd, &st) == 0 && !vgpu_region_distrust(&st) && st.st_size == (off_t)sizeof(vgpu_region_t) &&
+    ok = fstat(fd, &st) == 0 && !vgpu_region_distrust(&st, dirst) && st.st_size == (off_t)sizeof(vgpu_region_t) &&
          pread(fd, &head, offsetof(vgpu_region_t, owner_pid), 0) == (ssize_t)offsetof(vgpu_region_t, owner_pid) &&
          head.initialized_flag == VGPU_REGION_MAGIC && head.major_version == VGPU_REGION_MAJOR;
     close(fd);
@@ -43,7 +43,8 @@ static int find_beside_library(char *out, size_t n)
     char dir[4096], *slash;
     struct dirent *e;
     DIR *d;
-    int dfd, found = 0;
+    struct stat dirst;
+    int dfd, found = 0, have_dir;
 
     if (!dladdr((void *)find_beside_library, &info) || !info.dli_fname ||
         snprintf(dir, sizeof dir, "%s", info.dli_fname) >= (int)sizeof dir || !(slash = strrchr(dir, '/')))
@@ -52,9 +53,10 @@ static int find_beside_library(char *out, size_t n)
     if (!(d = opendir(*dir ? dir : "/")))
         return -1;
     dfd = dirfd(d);
+    have_dir = fstat(dfd, &dirst) == 0;
     while ((e = readdir(d)) && found < 2) {
         size_t len = strlen(e->d_name);
-        if (len > 6 && !strcmp(e->d_name + len - 6, ".cache") && acceptable(dfd, e->d_name) &&
+        if (len > 6 && !strcmp(e->d_name + len - 6, ".cache") && acceptable(dfd, have_dir ? &dirst : 0, e->d_name) &&
             ++found == 1 && snprintf(out, n, "%s/%s", dir, e->d_name) >= (int)n)
             found = 2; /* a path we cannot hold is no answer */
     }

@@ -39,11 +39,13 @@ VGPU_HIDDEN uint64_t vgpu_env_sm_limit(int dev);
  * 0 on success; -1 when it cannot be used (a warning says why; callers fall back to
  * process-local accounting). Idempotent; safe from many threads. */
 VGPU_HIDDEN int vgpu_region_attach(const char *path, const vgpu_region_config_t *cfg);
-/* why a region file with these facts is not to be trusted (shm.c refuses it with a warning, find.c passes
- * it over), 0 when it may be: a regular file of our euid or root, with one name, writable by its owner */
+/* why a region file with these facts, in a directory with facts `dir` (NULL: unknown), is not to be
+ * trusted (shm.c refuses it with a warning, find.c passes it over), 0 when it may be: a regular file
+ * with one name, writable by its owner, owned by our euid or root, or by another uid of the container
+ * (any owner in a directory that is not sticky: the container's own; shm.c says why) */
 enum { VGPU_DISTRUST_TYPE = 1, VGPU_DISTRUST_OWNER, VGPU_DISTRUST_LINKS, VGPU_DISTRUST_READONLY };
 struct stat;
-VGPU_HIDDEN int vgpu_region_distrust(const struct stat *st);
+VGPU_HIDDEN int vgpu_region_distrust(const struct stat *st, const struct stat *dir);
 /* which file is the region when the caller names none (find.c): $CUDA_DEVICE_MEMORY_SHARED_CACHE;
  * with neither it nor any limit variable set, the one region beside this library; else the default */
 VGPU_HIDDEN void vgpu_region_choose_path(char *out, size_t n);

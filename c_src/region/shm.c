@@ -2,17 +2,25 @@
  * trust; check a later process's limits against it; free our slot at exit; give a forked child
  * its own lock and slot.
  *
- * Who may own the file: our effective uid, or root (HAMi's vendor library and monitor run as
- * root). Any other owner could forge limits and usage: the file is refused with one line and the
- * limits hold per process. A file of an accepted owner may be group/other-writable (the vendor
- * creates it 0666), which is why a region can only tighten this process's env limits, never lift
- * them (slots.c: vgpu_region_limit). A symlink at the path is refused (O_NOFOLLOW), so is anything
- * not a regular file, a short file, a foreign magic or major version, and a process table that is
- * garbage (vgpu_region_table_insane).
+ * A region belongs to its container, all its uids (an su shell, a non-root worker): every one of
+ * them draws from its one budget. The container is the directory the region lives in (HAMi gives
+ * each container one of its own; the default /tmp is the container's own /tmp), so the directory
+ * decides, not the uid (containers share uids: most run everything as root):
+ * - we create the file readable and writable by exactly those who can reach the directory (its
+ *   search bits: 0700 gives 0600, 0750 gives 0660, 0755 or 0777 gives 0666), set with fchmod (the
+ *   process umask is never touched); in a sticky directory (a host's /tmp, /tmp/vgpulock: where
+ *   users that share nothing else meet) it stays 0600. VGPU_SHARED_CACHE_MODE (octal) overrides.
+ * - who may own it: our effective uid or root (HAMi's vendor library and monitor run as root),
+ *   anywhere; any other uid only in a directory that is not sticky (vgpu_region_distrust), the
+ *   directory being the one that really holds the file we opened. In a sticky directory a file of
+ *   another uid may be anybody's, and is refused with one line (limits then per process).
+ * A file of an accepted owner may be group/other-writable, which is why a region can only tighten
+ * this process's env limits, never lift them (slots.c: vgpu_region_limit). A symlink at the path
+ * is refused (O_NOFOLLOW), so is anything not a regular file, a file with a second name, a short
+ * file, a foreign magic or major version, and a process table that is garbage
+ * (vgpu_region_table_insane).
  *
- * File mode when we create it: 0600 unless VGPU_SHARED_CACHE_MODE (octal, e.g. 0660) says
- * otherwise, set with fchmod: the process umask is never touched. The vendor's 0666 is a known
- * defect. The whole file is allocated (posix_fallocate) before it is mapped: a sparse file on a
+ * The whole file is allocated (posix_fallocate) before it is mapped: a sparse file on a
  * full filesystem would kill the process with SIGBUS on its first write; when the space is not
  * there we say so once and keep per-process limits.
  *
@@ -52,20 +60,54 @@ VGPU_HIDDEN void vgpu_region_file_id(uint64_t *dev, uint64_t *ino, const char **
     *path = region_path;
 }
 
-static mode_t file_mode(void)
+/* the mode a file we create in a directory of mode `dir` gets (0: unknown) */
+static mode_t file_mode(mode_t dir)
 {
     const char *s = getenv("VGPU_SHARED_CACHE_MODE");
+    mode_t mode = 0600;
     char *end;
     unsigned long m;
 
+    if (dir && !(dir & S_ISVTX)) /* those who can reach the directory: the container's uids */
+        mode |= (dir & S_IXGRP ? 0060 : 0) | (dir & S_IXOTH ? 0006 : 0);
     if (!s || !*s)
-        return 0600;
+        return mode;
     m = strtoul(s, &end, 8);
-    if (*end || m > 0777 || !(m & 0600)) {
+    if (*end || m > 0777 || (m & 0600) != 0600) {
         VGPU_WARN("ignoring VGPU_SHARED_CACHE_MODE='%.16s': want an octal mode like 0660 that keeps owner rw", s);
-        return 0600;
+        return mode;
     }
     return (mode_t)m;
+}
+
+/* The directory that holds `path` as `fd` was opened from it: its stat in *dir, 0; -1 when it cannot
+ * be told (then the strict rule holds: only our uid or root may own the region). The name is looked
+ * up again in the opened directory and must be the file we hold, so the directory judged is the
+ * one that holds it, whatever was renamed meanwhile. */
+static int holding_dir(const char *path, int fd, struct stat *dir)
+{
+    char buf[4096], *slash;
+    const char *dname, *base;
+    struct stat a, b;
+    int dfd, ok;
+
+    if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf)
+        return -1;
+    slash = strrchr(buf, '/');
+    if (!slash) {
+        dname = ".";
+        base = buf;
+    } else {
+        *slash = 0;
+        dname = slash == buf ? "/" : buf;
+        base = slash + 1;
+    }
+    if (!*base || (dfd = open(dname, O_PATH | O_DIRECTORY | O_CLOEXEC)) < 0)
+        return -1;
+    ok = fstat(dfd, dir) == 0 && fstatat(dfd, base, &a, AT_SYMLINK_NOFOLLOW) == 0 && (fd < 0 || fstat(fd, &b) == 0) &&
+         (fd < 0 || (a.st_dev == b.st_dev && a.st_ino == b.st_ino));
+    close(dfd);
+    return ok ? 0 : -1;
 }
 
 static void atfork_child(void)
@@ -186,10 +228,11 @@ static void check_config(const vgpu_region_t *r, const vgpu_region_config_t *cfg
 static int open_file(const char *path, int *created)
 {
     int fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    struct stat dir;
 
     *created = fd >= 0;
     if (fd >= 0) {
-        if (fchmod(fd, file_mode()) != 0)
+        if (fchmod(fd, file_mode(holding_dir(path, fd, &dir) == 0 ? dir.st_mode : 0)) != 0)
             VGPU_WARN("cannot set the mode of region %s: %s", path, strerror(errno));
         return fd;
     }
@@ -200,7 +243,8 @@ static int open_file(const char *path, int *created)
         struct stat st;
         if (e == EACCES && lstat(path, &st) == 0)
             VGPU_WARN("cannot open region %s (mode %03o, owner uid %d, we are uid %d); " PER_PROCESS
-                      "; set VGPU_SHARED_CACHE_MODE=0660 in the container to share it",
+                      "; a region in a directory of the container's own (not a sticky one such as /tmp) is "
+                      "shared by all its uids, or set VGPU_SHARED_CACHE_MODE=0666 in the container",
                       path, (unsigned)(st.st_mode & 0777), (int)st.st_uid, (int)geteuid());
         else
             VGPU_WARN("cannot open region %s: %s%s; " PER_PROCESS, path, strerror(e),
@@ -209,11 +253,13 @@ static int open_file(const char *path, int *created)
     return fd;
 }
 
-VGPU_HIDDEN int vgpu_region_distrust(const struct stat *st)
+VGPU_HIDDEN int vgpu_region_distrust(const struct stat *st, const struct stat *dir)
 {
     if (!S_ISREG(st->st_mode))
         return VGPU_DISTRUST_TYPE;
-    if (st->st_uid != geteuid() && st->st_uid != 0)
+    /* another uid's file: of this container only when the directory is one of its own (not sticky:
+     * a sticky directory is where unrelated users meet, and there anyone may have put it) */
+    if (st->st_uid != geteuid() && st->st_uid != 0 && (!dir || (dir->st_mode & S_ISVTX)))
         return VGPU_DISTRUST_OWNER;
     if (st->st_nlink != 1) /* a second name for some other file (we would initialise or share its bytes) */
         return VGPU_DISTRUST_LINKS;
@@ -225,15 +271,19 @@ VGPU_HIDDEN int vgpu_region_distrust(const struct stat *st)
 /* the file is ours to trust (vgpu_region_distrust), or a warning says why not */
 static int trusted(int fd, const char *path, struct stat *st)
 {
-    switch (fstat(fd, st) != 0 ? VGPU_DISTRUST_TYPE : vgpu_region_distrust(st)) {
+    struct stat dir;
+    int have_dir = holding_dir(path, fd, &dir) == 0;
+
+    switch (fstat(fd, st) != 0 ? VGPU_DISTRUST_TYPE : vgpu_region_distrust(st, have_dir ? &dir : 0)) {
     case 0:
         return 1;
     case VGPU_DISTRUST_TYPE:
         VGPU_WARN("region %s is not a regular file; " PER_PROCESS, path);
         return 0;
     case VGPU_DISTRUST_OWNER:
-        VGPU_WARN("region %s is owned by uid %d, not by us (uid %d) or root; refusing it (its limits could be "
-                  "forged); " PER_PROCESS, path, (int)st->st_uid, (int)geteuid());
+        VGPU_WARN("region %s is owned by uid %d, not by us (uid %d) or root, in %s; refusing it (its limits "
+                  "could be forged); " PER_PROCESS, path, (int)st->st_uid, (int)geteuid(),
+                  have_dir ? "a sticky directory, where anyone may have put it" : "a directory we cannot check");
         return 0;
     case VGPU_DISTRUST_LINKS:
         VGPU_WARN("region %s has %lu names (a hard link to another file?); refusing it; " PER_PROCESS, path,

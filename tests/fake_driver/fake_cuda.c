@@ -7,7 +7,9 @@
  *   FAKE_CUDA_DEVICES=N       devices (default 2, at most 16)
  *   FAKE_CUDA_MEM_MB=M        memory per device (default 1024)
  *   FAKE_CUDA_ORDER=1,0       CUDA ordinal i is physical device order[i] (like CUDA_VISIBLE_DEVICES);
- *                             the device count becomes the list length; unset: identity
+ *                             the device count becomes the list length; unset: CUDA_VISIBLE_DEVICES as
+ *                             the real driver reads it (indices, UUIDs, UUID prefixes: visible.h) over the
+ *                             FAKE_CUDA_DEVICES physical devices; neither: identity
  *   FAKE_CUDA_CTX_MB=M        memory a context takes (the retained primary context once per
  *                             device, every created/green context; default 0)
  *   FAKE_CUDA_POOL_GRANULE_MB=G a pool's reserve grows in steps of G MiB, as a real pool's does
@@ -47,6 +49,7 @@
 #include <string.h>
 
 #include <cuda.h>
+#include "visible.h" /* CUDA_VISIBLE_DEVICES */
 /* cuda.h maps these names onto their newest versions; the fake exports the legacy ABIs under the
  * plain names, as the real driver does */
 #undef cuGetProcAddress
@@ -321,6 +324,10 @@ __attribute__((constructor)) static void fake_config(void)
                 s++;
         }
         ndev = n;
+    } else {
+        int n = fake_visible_order(ndev, phys, MAXDEV);
+        if (n >= 0)
+            ndev = n;
     }
     s = getenv("FAKE_CUDA_MEM_MB");
     if (s)
@@ -932,6 +939,8 @@ struct block {
     int dev; /* -1: host */
     uint64_t size;
     struct CUmemPoolHandle_st *pool; /* stream-ordered: the size came from this pool's reserve */
+    int managed;  /* cuMemAllocManaged */
+    int imported; /* cuIpcOpenMemHandle: another process's memory, on no device's books here */
 };
 
 static uint64_t new_block(int dev, uint64_t size, struct CUmemPoolHandle_st *pool)
@@ -941,6 +950,7 @@ static uint64_t new_block(int dev, uint64_t size, struct CUmemPoolHandle_st *poo
     b->dev = dev;
     b->size = size;
     b->pool = pool;
+    b->managed = b->imported = 0;
     return (uint64_t)(uintptr_t)b;
 }
 
@@ -1126,11 +1136,163 @@ EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t size, unsigned int f
 {
     (void)flags;
     COUNT(cuMemAllocManaged);
+    CUresult rc;
     if (managed_untouched && dptr && size && current()) {
         *dptr = new_block(-1, size, NULL); /* on no device's books: give() takes nothing back either */
+        ((struct block *)(uintptr_t)*dptr)->managed = 1;
         return CUDA_SUCCESS;
     }
-    return alloc_current(dptr, size);
+    rc = alloc_current(dptr, size);
+    if (rc == CUDA_SUCCESS)
+        ((struct block *)(uintptr_t)*dptr)->managed = 1;
+    return rc;
+}
+
+/* ---- CUDA IPC, pointer and device attributes (passed through by the shim, which must not change them).
+ * A handle names the exporter's block by its device, size and pid; an importer gets a block of its own
+ * on no device's books (the memory is the exporter's), closed by cuIpcCloseMemHandle. ---- */
+#define MAGIC_IPC 0x69706321u
+struct ipc_name {
+    unsigned magic;
+    int dev;
+    uint64_t size;
+    int pid;
+};
+
+static struct block *block_at(CUdeviceptr p) /* a 64-bit pointer this process got from us, else NULL */
+{
+    struct block *b = (struct block *)(uintptr_t)p;
+    return p && !in_v1_range(p) && b->magic == MAGIC_MEM ? b : NULL;
+}
+
+EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle *h, CUdeviceptr p)
+{
+    struct ipc_name n;
+    struct block *b;
+    NEED_INIT();
+    if (!h || !(b = block_at(p)) || b->imported || b->dev < 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    memset(h, 0, sizeof *h);
+    n.magic = MAGIC_IPC;
+    n.dev = b->dev;
+    n.size = b->size;
+    n.pid = (int)getpid();
+    memcpy(h->reserved, &n, sizeof n);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *p, CUipcMemHandle h, unsigned int flags)
+{
+    struct ipc_name n;
+    memcpy(&n, h.reserved, sizeof n);
+    NEED_INIT();
+    if (!p || n.magic != MAGIC_IPC || n.dev < 0 || n.dev >= MAXDEV || flags > 1)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!current())
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (n.pid == (int)getpid())
+        return CUDA_ERROR_INVALID_CONTEXT; /* the driver refuses a process its own handle */
+    *p = new_block(n.dev, n.size, NULL);
+    ((struct block *)(uintptr_t)*p)->imported = 1;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuIpcCloseMemHandle(CUdeviceptr p)
+{
+    struct block *b = block_at(p);
+    NEED_INIT();
+    if (!b || !b->imported)
+        return CUDA_ERROR_INVALID_VALUE;
+    b->magic = 0;
+    free(b);
+    return CUDA_SUCCESS;
+}
+
+static CUresult pointer_attribute(void *data, CUpointer_attribute a, const struct block *b, CUdeviceptr p)
+{
+    switch (a) {
+    case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
+        *(unsigned int *)data = b->dev < 0 && !b->managed ? CU_MEMORYTYPE_HOST : CU_MEMORYTYPE_DEVICE;
+        return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_DEVICE_POINTER:
+    case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
+        *(CUdeviceptr *)data = p;
+        return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_IS_MANAGED:
+        *(unsigned int *)data = (unsigned)b->managed;
+        return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
+        *(int *)data = b->dev < 0 ? 0 : b->dev;
+        return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_RANGE_SIZE:
+        *(size_t *)data = (size_t)b->size;
+        return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_MAPPED:
+        *(unsigned int *)data = 1;
+        return CUDA_SUCCESS;
+    default:
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+}
+
+EXPORT CUresult cuPointerGetAttribute(void *data, CUpointer_attribute a, CUdeviceptr p)
+{
+    struct block *b = block_at(p);
+    NEED_INIT();
+    if (!data || !b)
+        return CUDA_ERROR_INVALID_VALUE;
+    return pointer_attribute(data, a, b, p);
+}
+
+/* every attribute or none: an error leaves the outputs as they were */
+EXPORT CUresult cuPointerGetAttributes(unsigned int n, CUpointer_attribute *attrs, void **data, CUdeviceptr p)
+{
+    unsigned char scratch[16];
+    struct block *b = block_at(p);
+    NEED_INIT();
+    if (!n || !attrs || !data || !b)
+        return CUDA_ERROR_INVALID_VALUE;
+    for (unsigned i = 0; i < n; i++)
+        if (!data[i] || pointer_attribute(scratch, attrs[i], b, p) != CUDA_SUCCESS)
+            return CUDA_ERROR_INVALID_VALUE;
+    for (unsigned i = 0; i < n; i++)
+        pointer_attribute(data[i], attrs[i], b, p);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDeviceGetAttribute(int *v, CUdevice_attribute a, CUdevice dev)
+{
+    NEED_INIT();
+    if (!v || (int)a <= 0 || a >= CU_DEVICE_ATTRIBUTE_MAX)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (dev < 0 || dev >= ndev)
+        return CUDA_ERROR_INVALID_DEVICE;
+    switch (a) {
+    case CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED:
+    case CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED:
+    case CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED:
+    case CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING:
+    case CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY:
+        *v = 1;
+        break;
+    case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT:
+        *v = 132;
+        break;
+    default:
+        *v = 0;
+    }
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDeviceCanAccessPeer(int *can, CUdevice dev, CUdevice peer)
+{
+    NEED_INIT();
+    if (!can)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (dev < 0 || dev >= ndev || peer < 0 || peer >= ndev)
+        return CUDA_ERROR_INVALID_DEVICE;
+    *can = dev != peer;
+    return CUDA_SUCCESS;
 }
 
 /* ---- stream-ordered pools: a reserve that grows on demand and shrinks on synchronize ---- */
@@ -1896,6 +2058,13 @@ EXPORT CUresult cuGetProcAddress(const char *, void **, int, cuuint64_t);
 
 static const struct proc procs[] = {
     {"cuInit", 2000, (void *)cuInit, NULL},
+    {"cuIpcGetMemHandle", 4010, (void *)cuIpcGetMemHandle, NULL},
+    {"cuIpcOpenMemHandle", 11000, (void *)cuIpcOpenMemHandle_v2, NULL},
+    {"cuIpcCloseMemHandle", 4010, (void *)cuIpcCloseMemHandle, NULL},
+    {"cuPointerGetAttribute", 4000, (void *)cuPointerGetAttribute, NULL},
+    {"cuPointerGetAttributes", 7000, (void *)cuPointerGetAttributes, NULL},
+    {"cuDeviceGetAttribute", 2000, (void *)cuDeviceGetAttribute, NULL},
+    {"cuDeviceCanAccessPeer", 4000, (void *)cuDeviceCanAccessPeer, NULL},
     {"cuDeviceGetCount", 2000, (void *)cuDeviceGetCount, NULL},
     {"cuDeviceGet", 2000, (void *)cuDeviceGet, NULL},
     {"cuDriverGetVersion", 2020, (void *)cuDriverGetVersion, NULL},

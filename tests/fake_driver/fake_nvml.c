@@ -8,6 +8,7 @@
  *   FAKE_CUDA_DEVICES=N            CUDA's device count (default 2)
  *   FAKE_CUDA_MEM_MB=M             memory per device (default 1024)
  *   FAKE_CUDA_ORDER=1,0            CUDA's ordinal -> physical map: here only its largest index counts
+ *                                  (unset: CUDA_VISIBLE_DEVICES gives the map, visible.h)
  *   FAKE_CUDA_PHYSICAL_DEVICES=N   NVML's device count; default max(FAKE_CUDA_DEVICES or 2,
  *                                  1 + the largest index in FAKE_CUDA_ORDER)
  *   FAKE_NVML_PID_OFFSET=K         this process's pid as NVML reports it: getpid() + K (a container's
@@ -43,6 +44,7 @@
 
 #include <nvml.h>
 #include "sim_gpu.h" /* FAKE_GPU: the shared GPU's processes */
+#include "visible.h" /* CUDA_VISIBLE_DEVICES, for which of our devices a CUDA ordinal is */
 
 #define EXPORT __attribute__((visibility("default")))
 #define MAXDEV 16
@@ -115,6 +117,8 @@ __attribute__((constructor)) static void fake_config(void)
     s = getenv("FAKE_CUDA_PHYSICAL_DEVICES");
     if (s)
         ndev = (unsigned)atoi(s) > MAXDEV ? MAXDEV : (unsigned)atoi(s);
+    if (norder < 0) /* NVML sees every device; CUDA's ordinals follow CUDA_VISIBLE_DEVICES */
+        norder = fake_visible_order((int)ndev, order, MAXDEV);
     s = getenv("FAKE_CUDA_MEM_MB");
     if (s)
         total = strtoull(s, NULL, 10) << 20;
@@ -214,12 +218,7 @@ static int valid(nvmlDevice_t d)
 
 static void uuid_of(unsigned p, char *out, size_t len)
 {
-    static const unsigned char tmpl[16] = {0xfa, 0x4e, 0x00, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 0};
-    unsigned char b[16];
-    memcpy(b, tmpl, sizeof b);
-    b[3] = b[15] = (unsigned char)p;
-    snprintf(out, len, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0], b[1],
-             b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
+    fake_uuid_string(p, out, len);
 }
 
 EXPORT nvmlReturn_t nvmlInit_v2(void)

@@ -108,3 +108,44 @@ def attach_storm(tool: Path, shim: Path, fake: Path, cache: Path, procs: int = 2
 def pct(values: list[float], q: float) -> float:
     s = sorted(values)
     return s[min(len(s) - 1, round(q * (len(s) - 1)))]
+
+
+def start_storm(tool: Path, shim: Path, fake: Path, cache: Path, procs: int,
+                timeout: float = 60) -> tuple[list[float], list[str]]:
+    """`procs` processes started at once on one region, as a torchrun starts its workers: each one's start
+    (exec, cuInit, context, the region attached by its first cuMemAlloc) in seconds, sorted, and each one's
+    stderr. Every child is killed if the storm outlasts `timeout`."""
+    import threading
+    import time
+
+    env = cost_env(shim, fake, cache)
+    done: list[float] = [0.0] * procs
+    errs: list[str] = [""] * procs
+    t0 = time.perf_counter()
+    ps = [subprocess.Popen([str(tool), "attach"], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True) for _ in range(procs)]
+
+    def wait(i: int, p: subprocess.Popen) -> None:
+        try:
+            _out, errs[i] = p.communicate("g", timeout=timeout)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            _out, errs[i] = p.communicate()
+            errs[i] += f"\nkilled after {timeout}s"
+        done[i] = time.perf_counter() - t0
+        if p.returncode:
+            errs[i] += f"\nexit {p.returncode}"
+
+    threads = [threading.Thread(target=wait, args=(i, p)) for i, p in enumerate(ps)]
+    try:
+        for t in threads:
+            t.start()
+    finally:
+        for t in threads:
+            if t.is_alive() or t.ident:
+                t.join()
+        for p in ps:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    return sorted(done), errs

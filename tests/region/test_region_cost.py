@@ -9,7 +9,15 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from costtools import attach_storm, build_cost_tool, build_fake_with_events, build_shim_at, launch_cost, pct
+from costtools import (
+    attach_storm,
+    build_cost_tool,
+    build_fake_with_events,
+    build_shim_at,
+    launch_cost,
+    pct,
+    start_storm,
+)
 
 from vgpu_patch import region as R
 
@@ -42,6 +50,19 @@ def test_twenty_processes_attach_within_5ms_p90(cost, tmp_path: Path) -> None:
     tool, shim, fake = cost
     best = min(pct(attach_storm(tool, shim, fake, tmp_path / f"c{i}"), 0.9) for i in range(3))
     assert best <= 5000, best  # microseconds; 12.8 ms at 68e8a26 on this machine (bench/region_attach.py)
+
+
+def test_sixty_four_processes_start_at_once_without_lock_timeouts(cost, tmp_path: Path) -> None:
+    """A torchrun of 64 workers on one region (HAMi PR #155: one global file lock, 8+ processes starting
+    together timed out at 10 s+): every one starts, none warns of the lock, the slowest within 10 s even on
+    a loaded 2-core CI machine (bench/start_storm.py measures 1, 16 and 64)."""
+    tool, shim, fake = cost
+    times, errs = start_storm(tool, shim, fake, tmp_path / "c", 64, timeout=60)
+    bad = [e for e in errs if e.strip()]
+    assert not bad, bad[:3]
+    assert len(times) == 64 and times[-1] < 10, times[-5:]
+    r = R.read_region(tmp_path / "c")
+    assert not r.live_procs() and r.proc_num <= 64, r.proc_num  # every slot given back at exit
 
 
 def test_creating_a_region_dirties_no_zero_pages(region_tool: Path, region_env: dict, tmp_path: Path) -> None:

@@ -86,10 +86,15 @@ def test_garbage_slot_table_is_refused_not_obeyed(shim_env, tmp_path: Path) -> N
     assert len(refusals) == 1 and "per process only" in refusals[0], err
 
 
-def test_region_of_another_uid_is_refused(shim_env, tmp_path: Path) -> None:
+def test_region_of_another_uid_in_a_sticky_directory_is_refused(shim_env, tmp_path: Path) -> None:
+    """A sticky directory (a host's /tmp) is where users that share nothing else meet; in a directory of
+    the container's own another uid's region is shared (tests/shim/test_container_uids.py)."""
     if os.geteuid() != 0:
         pytest.skip("chown needs root")
-    cache = tmp_path / "cache"
+    sticky = tmp_path / "tmp"
+    sticky.mkdir()
+    sticky.chmod(0o1777)
+    cache = sticky / "cache"
     cache.write_bytes(R.encode(uuids=["GPU-x"], limit=[0]))  # "no limit", from someone else
     os.chown(cache, 12345, 12345)
     res, err, rc = _run(shim_env, cache)
