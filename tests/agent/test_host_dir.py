@@ -63,7 +63,7 @@ def test_helm_applies_the_same_rule(helm: Helm, tmp_path: Path) -> None:  # the 
 
     for host_dir, ok in [*((d, False) for d in REFUSED), *((d, True) for d in ALLOWED)]:
         values = tmp_path / "values.yaml"
-        values.write_text(yaml.safe_dump({"hostDir": host_dir}))
+        values.write_text(yaml.safe_dump({"hostDir": host_dir, "image": {"registry": "reg.example"}}))
         out = helm.run("template", "vgpu-patch-agent", str(CHART), "-n", "kube-system", "-f", str(values))
         assert (out.returncode == 0) is ok, (host_dir, out.stderr[:300])
         if ok:
