@@ -254,6 +254,15 @@ def forged_entry(now: int, busy: bool = True) -> bytes:
     return head + struct.pack("<Q", entry_checksum(list(struct.unpack("<7Q", head))))
 
 
+def forge_all(path: Path, entries: range) -> None:
+    """busy entries that check, written over the given ones"""
+    now = time.monotonic_ns()
+    with open(path, "r+b") as f:
+        for i in entries:
+            f.seek(ENTRY * i)
+            f.write(forged_entry(now))
+
+
 def hold_locks(path: Path, entries: range) -> int:
     """what an attacker does to keep forged entries 'alive': hold their liveness locks (OFD locks)"""
     fd = os.open(path, os.O_RDWR)
@@ -303,11 +312,7 @@ def test_a_vandalised_board_never_faults_and_keeps_the_neighbour(board: Board, b
 
 def test_forged_busy_entries_without_a_living_owner_count_for_nothing(board: Board) -> None:
     r = board.reader()
-    now = time.monotonic_ns()
-    with open(board.path, "r+b") as f:
-        for i in range(2, ENTRIES + 1):
-            f.seek(ENTRY * i)
-            f.write(forged_entry(now))
+    forge_all(board.path, range(2, ENTRIES + 1))
     t0 = r.look()
     time.sleep(0.05)
     t1 = r.look()
@@ -320,11 +325,7 @@ def test_forged_busy_entries_are_bounded(board: Board) -> None:
     r = board.reader()
     fd = hold_locks(board.path, range(2, ENTRIES + 1))
     try:
-        now = time.monotonic_ns()
-        with open(board.path, "r+b") as f:
-            for i in range(2, ENTRIES + 1):
-                f.seek(ENTRY * i)
-                f.write(forged_entry(now))
+        forge_all(board.path, range(2, ENTRIES + 1))
         t0 = r.look()
         time.sleep(0.05)
         t1 = r.look()

@@ -11,13 +11,11 @@ Every failure is an `ApiError` with a one-line message naming the request.
 """
 from __future__ import annotations
 
-import atexit
 import base64
 import http.client
 import json
 import os
 import ssl
-import tempfile
 import time
 import urllib.error
 import urllib.parse
@@ -29,6 +27,7 @@ from typing import Any
 from .. import verbosity
 from ..errors import DeployError, UsageError
 from .exec_credential import ExecPlugin
+from .tls_files import private_file
 
 SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 
@@ -198,21 +197,13 @@ def in_cluster() -> Client | None:
     return Client(f"https://{host}:{port}", token_file=token, ca_file=str(ca) if ca.exists() else None)
 
 
-def _remove(path: str) -> None:
-    if os.path.exists(path):
-        os.unlink(path)
-
-
 def _data_file(data: str, suffix: str) -> str:
-    """ssl wants files: write inline kubeconfig data to a 0600 temp file, removed when the process exits."""
-    fd, path = tempfile.mkstemp(prefix="vgpu-patch-kube-", suffix=suffix)
-    atexit.register(_remove, path)
-    with os.fdopen(fd, "wb") as f:
-        try:
-            f.write(base64.b64decode(data, validate=True))
-        except ValueError as e:
-            raise UsageError(f"kubeconfig: invalid base64 in a *-data field ({e})") from e
-    return path
+    """ssl wants files: inline kubeconfig data (base64) in a 0600 temp file, removed when the process exits."""
+    try:
+        raw = base64.b64decode(data, validate=True)
+    except ValueError as e:
+        raise UsageError(f"kubeconfig: invalid base64 in a *-data field ({e})") from e
+    return private_file(raw, "vgpu-patch-kube-", suffix)
 
 
 def from_kubeconfig(path: Path | str | None = None, context: str | None = None) -> Client:

@@ -11,13 +11,11 @@ line naming the user, the command and what to do.
 """
 from __future__ import annotations
 
-import atexit
 import datetime
 import json
 import os
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -26,6 +24,7 @@ from typing import Any
 
 from .. import verbosity
 from ..errors import DeployError, UsageError
+from .tls_files import private_file
 
 API_VERSIONS = ("client.authentication.k8s.io/v1", "client.authentication.k8s.io/v1beta1")
 INTERACTIVE_MODES = ("Never", "IfAvailable", "Always")
@@ -195,15 +194,6 @@ def _expiry(stamp: Any, what: str) -> float | None:
     return when.timestamp()
 
 
-def _remove(path: str) -> None:
-    if os.path.exists(path):
-        os.unlink(path)
-
-
 def _pem_file(text: str, suffix: str) -> str:
     """ssl wants files: the plugin's PEM in a 0600 temp file, removed when the process exits."""
-    fd, path = tempfile.mkstemp(prefix="vgpu-patch-exec-", suffix=suffix)
-    atexit.register(_remove, path)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    return path
+    return private_file(text.encode(), "vgpu-patch-exec-", suffix)
