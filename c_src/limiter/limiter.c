@@ -13,8 +13,9 @@
  *    than a slice is stretched by every other busy context (on an H200, E = 2.18 ms alone, 4.63 ms
  *    beside one busy context, 6.90 ms beside two), while short ones take turns between slices and
  *    are not (29 us alone or not). With k = 1 + how many other processes were busy on the board,
- *    on average, while the launch ran (at most MAX_K), a measured launch of some kernel (function
- *    and launch shape) or graph is charged
+ *    on average, while the launch ran (at most MAX_K, and at most 1 + the other processes NVML lists
+ *    on the device when it lists any: no file a neighbour writes raises that), a measured launch of
+ *    some kernel (function and launch shape) or graph is charged
  *        E                       alone (exact, as before);
  *        E / k                   when E / k >= STRETCH_NS (long: stretched), or, once it has been
  *        max(min(E, A), E/(k+1)) measured alone (A: its least E then), its own time A: the GPU's switching
@@ -25,8 +26,11 @@
  *    It is never below E / k, whatever the board says. When it ran: a reference event, recorded
  *    now and then before a measured launch, maps the GPU's event times to our clock (each measured
  *    launch's start event cannot complete before the moment it was recorded, so the latest such
- *    bound is the mapping); its end event's time, less E, is when it began. The board keeps each
- *    process's recent busy stretches, so a neighbour's burst between two looks counts. Without a
+ *    bound is the mapping); its end event's time, less E, is when it began. Each harvest first looks
+ *    at the board, and this process keeps the others' busy time from its own looks (board.c), so a
+ *    neighbour's burst between two looks counts however late the harvest. A launch from before our
+ *    first look is not taken for one run alone (A is learnt only from launches the history covers).
+ *    Without a
  *    mapping (yet), the interval is from its launch (or E before a harvest last found it still
  *    running) to its harvest.
  *    Unmeasured launches are charged a running estimate of one launch's charge per kind (kernel,
@@ -433,7 +437,7 @@ static long long contexts_milli(struct dev_state *st, int dev, long long from, l
     if (k > 1000 && (n = census(st, dev, to)) >= 0) {
         cap = 1000ll * (1 + n);
         if (k > cap)
-            k = cap > 1000 ? cap : 1000; /* the board claims more busy neighbours than the GPU has processes */
+            k = cap; /* the board claims more busy neighbours than the GPU has processes */
     }
     return k < MAX_K * 1000 ? k : MAX_K * 1000;
 }

@@ -235,7 +235,7 @@ BOARD = "vgpu-patch-activity2-GPU-sim-0"
 @pytest.mark.parametrize("attack", ["truncate", "zero", "junk"])
 def test_a_vandalised_board_moves_no_share(sliced: Node, attack: str) -> None:
     """A neighbour truncates the board (a shared mapping of it would SIGBUS every process that launches),
-    zeroes it or fills it with junk every 200 us while two 50s run: both exit 0 and stay within 0.85 x their
+    zeroes it or fills it with junk every 200 us while two 50s run: both exit 0 and stay within 0.8 x their
     limit x C_2 (0.42-0.50 here; zeroing other entries sent them to 0.33 / 0.34 on the H200 with the old
     board). While entries read as junk their owners' last rates stand in, which is not exact: the band is
     wider than the 0.9 of a board nobody writes."""
@@ -253,7 +253,7 @@ def test_a_vandalised_board_moves_no_share(sliced: Node, attack: str) -> None:
             time.sleep(0.0002)
 
     a, b = sliced.arrivals([(50, 0.0), (50, 0.3)], during=vandal)
-    assert min(a, b) >= 0.85 * 0.5 * C2 and max(a, b) <= 0.53, (a, b)
+    assert min(a, b) >= 0.8 * 0.5 * C2 and max(a, b) <= 0.53, (a, b)
 
 
 def test_a_tenant_filling_the_board_bends_no_share(sliced: Node) -> None:
