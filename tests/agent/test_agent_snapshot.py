@@ -42,17 +42,23 @@ def start(library: Path, root: Path, vendor: Path, allowed_file: Path) -> tuple[
     return host, agent, ""
 
 
-def test_the_agent_installs_only_the_verified_bytes_whatever_read_the_library_is_swapped_at(
-        tmp_path: Path, built: dict[str, Path], other: Path, allowed, monkeypatch: pytest.MonkeyPatch) -> None:
-    allowed_file, key = allowed
+def signed_image(tmp_path: Path, build: Path, key: Path) -> Path:
+    """an agent image's library: the build, its signature and its manifest in tmp_path/image"""
     image = tmp_path / "image"
     image.mkdir()
     lib = image / "libvgpu.so"
-    shutil.copy(built["ours"], lib)
+    shutil.copy(build, lib)
     sign(lib, key)
+    (image / "libvgpu.so.json").write_text(json.dumps({"schema": 1, "sha256": sha(lib)}) + "\n")
+    return lib
+
+
+def test_the_agent_installs_only_the_verified_bytes_whatever_read_the_library_is_swapped_at(
+        tmp_path: Path, built: dict[str, Path], other: Path, allowed, monkeypatch: pytest.MonkeyPatch) -> None:
+    allowed_file, key = allowed
+    lib = signed_image(tmp_path, built["ours"], key)
     files = {"signed": built["ours"].read_bytes(), "unsigned": other.read_bytes()}
-    manifest = image / "libvgpu.so.json"
-    manifest.write_text(json.dumps({"schema": 1, "sha256": sha(lib)}) + "\n")
+    manifest = lib.parent / "libvgpu.so.json"
     swapper = ReadSwapper(lib, files).install(monkeypatch)
     swapper.put("signed")
     host, agent, why = start(lib, tmp_path / "count", built["vendor"], allowed_file)
@@ -74,17 +80,12 @@ def test_the_agent_installs_only_the_verified_bytes_whatever_read_the_library_is
 def test_a_repair_installs_the_snapshot_not_what_the_image_path_holds_now(
         tmp_path: Path, built: dict[str, Path], other: Path, allowed, monkeypatch: pytest.MonkeyPatch) -> None:
     allowed_file, key = allowed
-    image = tmp_path / "image"
-    image.mkdir()
-    lib = image / "libvgpu.so"
-    shutil.copy(built["ours"], lib)
-    sign(lib, key)
-    (image / "libvgpu.so.json").write_text(json.dumps({"schema": 1, "sha256": sha(lib)}) + "\n")
+    lib = signed_image(tmp_path, built["ours"], key)
     host, agent, why = start(lib, tmp_path / "host", built["vendor"], allowed_file)
     assert agent is not None, why
     assert host.live.read_bytes() == built["ours"].read_bytes()
-    shutil.copy(other, image / "swap.tmp")
-    (image / "swap.tmp").rename(lib)  # the image's path now holds another build
+    shutil.copy(other, lib.parent / "swap.tmp")
+    (lib.parent / "swap.tmp").rename(lib)  # the image's path now holds another build
     hami_copy_back(built["vendor"], host.live)  # HAMi's device plugin puts its file back
     assert agent.ensure(startup=False) == "reapply"
     assert host.live.read_bytes() == built["ours"].read_bytes()  # the verified snapshot, not the path's new bytes
