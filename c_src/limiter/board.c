@@ -80,7 +80,7 @@ typedef struct {
     int64_t total;  /* ns busy before `since`, since `born` */
     int64_t born;   /* when the owner took the entry */
     int32_t pid;    /* for people reading the file */
-    uint32_t gen;   /* rewrites, for people reading the file */
+    uint32_t tag;   /* the writer's container (vgpu_board_join); builds before it wrote a rewrite count here */
     uint64_t freed; /* 1: its owner left; the running sum is final (readers still count its last growth) */
     uint64_t sum; /* checksum of the words above: a torn or junk entry does not count */
 } entry_t;
@@ -114,6 +114,7 @@ static struct board {
     int64_t checked[ENTRIES + 1]; /* when each entry's liveness was last probed */
     char dead[ENTRIES + 1];       /* what that probe said */
     int busy_now;                 /* others busy at the last look */
+    int foreign_now;              /* ... of them, of other containers (another tag) */
     int64_t looked;               /* when the last look was */
     int64_t running;              /* the others' busy ns, added up over our looks */
     struct {
@@ -122,6 +123,7 @@ static struct board {
     unsigned head, count;
 } boards[VGPU_MAX_DEVICES];
 static uint64_t nonce;
+static uint32_t my_tag; /* our container */
 static pthread_once_t init_once = PTHREAD_ONCE_INIT;
 
 static int64_t mono_ns(void)
@@ -180,7 +182,6 @@ static void put_mine(struct board *b)
 {
     if (!b->locked)
         keep_unlocked(b);
-    b->mine.gen++;
     b->mine.sum = checksum(&b->mine);
     if (pwrite(b->fd, &b->mine, sizeof b->mine, (off_t)(sizeof(entry_t) * (size_t)b->index)) !=
         (ssize_t)sizeof b->mine) {
@@ -363,6 +364,7 @@ static int claim(struct board *b, int64_t now)
     b->mine.owner = nonce;
     b->mine.since = b->mine.until = b->mine.born = now;
     b->mine.pid = (int32_t)getpid();
+    b->mine.tag = my_tag;
     b->index = i;
     put_mine(b);
     return 0;
@@ -401,13 +403,14 @@ static void open_board(struct board *b, int dev, const char *key)
     __atomic_store_n(&b->state, 1, __ATOMIC_RELEASE);
 }
 
-VGPU_HIDDEN int vgpu_board_join(int dev, const char *key)
+VGPU_HIDDEN int vgpu_board_join(int dev, const char *key, uint32_t tag)
 {
     struct board *b;
 
     if (dev < 0 || dev >= VGPU_MAX_DEVICES)
         return -1;
     pthread_once(&init_once, init);
+    __atomic_store_n(&my_tag, tag, __ATOMIC_RELAXED);
     b = &boards[dev];
     if (VGPU_LIKELY(__atomic_load_n(&b->state, __ATOMIC_ACQUIRE)))
         return b->state > 0 ? 0 : -1;
@@ -550,7 +553,7 @@ static void look_locked(struct board *b, int64_t now)
 {
     ssize_t n = pread(b->fd, b->copy, sizeof b->copy, 0);
     int64_t dt = b->looked ? now - b->looked : 0, sum = 0, running;
-    int i, ok, busy = 0;
+    int i, ok, busy = 0, foreign = 0;
 
     if (n < 0)
         n = 0;
@@ -563,10 +566,12 @@ static void look_locked(struct board *b, int64_t now)
         if (ok)
             b->seen[i].busy = !e->freed && e->until > now && !entry_dead(b, i, now);
         busy += b->seen[i].owner && b->seen[i].busy; /* junk now: as it was at the last readable look */
+        foreign += b->seen[i].owner && b->seen[i].busy && (!ok || e->tag != my_tag);
     }
     if (sum > dt * MAX_OTHERS)
         sum = dt * MAX_OTHERS;
     b->busy_now = busy < MAX_OTHERS ? busy : MAX_OTHERS;
+    b->foreign_now = foreign < MAX_OTHERS ? foreign : MAX_OTHERS;
     b->running += sum;
     b->looked = now;
     if (b->count && now - b->hist[(b->head - 1) % HIST].t < SAMPLE_EVERY_NS) {
@@ -601,6 +606,18 @@ VGPU_HIDDEN int vgpu_board_others(int dev)
         return 0;
     pthread_mutex_lock(&boards[dev].rmu);
     n = boards[dev].busy_now;
+    pthread_mutex_unlock(&boards[dev].rmu);
+    return n;
+}
+
+VGPU_HIDDEN int vgpu_board_foreign(int dev)
+{
+    int n;
+
+    if (vgpu_board_state(dev) <= 0)
+        return 0;
+    pthread_mutex_lock(&boards[dev].rmu);
+    n = boards[dev].foreign_now;
     pthread_mutex_unlock(&boards[dev].rmu);
     return n;
 }

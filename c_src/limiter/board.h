@@ -7,9 +7,10 @@
 
 #include "vgpu.h"
 
-/* Join device dev's board (key: the device's UUID, which names the file); 0 when joined, -1 when
- * there is no usable board. The first call opens it; later calls are two loads. */
-VGPU_HIDDEN int vgpu_board_join(int dev, const char *key);
+/* Join device dev's board (key: the device's UUID, which names the file; tag: our container, the same
+ * for every process of it); 0 when joined, -1 when there is no usable board. The first call opens it;
+ * later calls are two loads. */
+VGPU_HIDDEN int vgpu_board_join(int dev, const char *key, uint32_t tag);
 /* 0 not tried yet, 1 joined, -1 unusable */
 VGPU_HIDDEN int vgpu_board_state(int dev);
 /* we launched on dev: busy for the next little while (a store at most once a millisecond) */
@@ -23,6 +24,8 @@ VGPU_HIDDEN void vgpu_board_release(int dev);
 VGPU_HIDDEN void vgpu_board_sample(int dev);
 /* how many other processes were busy on dev at the last look (0 without a board) */
 VGPU_HIDDEN int vgpu_board_others(int dev);
+/* ... of them, how many wrote another container's tag (junk counts as another's) */
+VGPU_HIDDEN int vgpu_board_foreign(int dev);
 /* how long other processes were busy on dev within [t0, t1] (CLOCK_MONOTONIC ns), summed over them,
  * by this process's looks (0 without a board; -1 when t0 is before its first look) */
 VGPU_HIDDEN int64_t vgpu_board_busy(int dev, int64_t t0, int64_t t1);

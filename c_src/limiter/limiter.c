@@ -35,6 +35,16 @@
  *    running) to its harvest.
  *    Unmeasured launches are charged a running estimate of one launch's charge per kind (kernel,
  *    graph), with no driver call at all.
+ * 2b. Charge the turn to us. A GPU shared without MPS turns from one context to another at a cost
+ *    (about 130 us on an H200) in which nobody's work runs, and a loop of short kernels that syncs
+ *    every few launches gets one turn per batch: two such loops get 0.32 of one alone each, where
+ *    two of long kernels get 0.46. Charged to nobody, that cost fell on the unthrottled side: a 30
+ *    beside a 70 took its whole 0.30 and left the 70 0.33. So a batch (the launches from one that
+ *    finds our queue drained to the wait that drains it again) that fits in one time slice and met
+ *    another container busy is charged the time it waited for the GPU beyond its kernels' own time,
+ *    at most the turn's cost as this process has seen it (the 10th percentile of its last WAITS such
+ *    waits: the least wait is one turn, the rest is the other's work). Processes of one container
+ *    are not charged their turns to each other (the board's tag): their limit is shared anyway.
  * 3. Budget. One token bucket per container and device (bucket.c, in the region: every process of
  *    the container draws from it) fills at pct% of wall time, capped at BURST_NS.
  * 4. Throttle. In debt, the launching thread sleeps until the bucket is back at zero (give or take
@@ -75,6 +85,7 @@
 #include <string.h>
 #include <strings.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "limiter/board.h"
 #include "limiter/bucket.h"
@@ -98,6 +109,8 @@
 #define REF_EVERY_NS 4000000000ll /* the reference event is recorded afresh: drift and float precision */
 #define MAP_SLACK_NS 200000ll     /* a mapped end later than this past the harvest: the mapping is off */
 #define CENSUS_NS 250000000ll     /* NVML's process count is asked again after this long */
+#define TURN_BATCH_NS 2000000ll   /* a batch within one time slice: its turn is its own */
+#define WAITS 32                  /* the waits a turn's cost is taken from */
 
 VGPU_HIDDEN int vgpu_limiter_enabled = 0;
 
@@ -134,6 +147,10 @@ struct dev_state {
     } solo[SOLO]; /* per launch shape (mu) */
     int census;           /* other processes on the device, NVML says (mu); -1 unknown */
     long long census_at;  /* when it was asked */
+    long long batch_t0;   /* atomic: when the launch that found our queue drained was made; 0 none */
+    int batch_n;          /* atomic: launches since */
+    long long waits[WAITS]; /* (mu) the last batches' waits beside another container */
+    unsigned nwaits;
 };
 
 static struct dev_state dev_state[VGPU_MAX_DEVICES];
@@ -292,13 +309,27 @@ static void signals(vgpu_region_t *r)
 
 /* ---- the activity board ---- */
 
+/* our container on the board: its region file (the same file for all its processes), else this process */
+static uint32_t container_tag(void)
+{
+    uint64_t d = 0, i = 0, h;
+    const char *path = 0;
+
+    if (vgpu_region_get())
+        vgpu_region_file_id(&d, &i, &path);
+    h = d || i ? d * 0x9e3779b97f4a7c15ull ^ i : (uint64_t)getpid() << 20 ^ (uint64_t)now_ns();
+    h ^= h >> 31;
+    h *= 0xbf58476d1ce4e5b9ull;
+    return (uint32_t)(h >> 32) | 1;
+}
+
 static void board_join(int dev)
 {
     char key[VGPU_UUID_LEN];
 
     if (ops.device_key(dev, key, sizeof key) != 0)
         key[0] = 0; /* no UUID: no board (a file named by ordinal would mix up GPUs across containers) */
-    vgpu_board_join(dev, key);
+    vgpu_board_join(dev, key, container_tag());
 }
 
 /* ---- measuring ---- */
@@ -521,6 +552,16 @@ static long long account(struct dev_state *st, vgpu_ledger_t *b, int dev, int pc
     return debt > MAX_SLEEP_NS ? MAX_SLEEP_NS : debt;
 }
 
+static void batch_cut(struct dev_state *st, int dev);
+
+/* a batch of short launches is open: our queue has not drained since its first */
+static int batch_open_short(struct dev_state *st)
+{
+    long long held = __atomic_load_n(&st->held_ns, __ATOMIC_RELAXED);
+    return __atomic_load_n(&st->batch_t0, __ATOMIC_RELAXED) && held > 0 &&
+           __atomic_load_n(&st->batch_n, __ATOMIC_RELAXED) * held < TURN_BATCH_NS;
+}
+
 /* throttle_mu held: pay any debt; when `measure`, open an event pair on the stream */
 static void do_before(struct dev_state *st, vgpu_ledger_t *b, int dev, int pct, CUstream stream, int measure,
                       int graph, uint64_t sig)
@@ -531,6 +572,8 @@ static void do_before(struct dev_state *st, vgpu_ledger_t *b, int dev, int pct, 
 
     pthread_mutex_lock(&st->mu);
     debt = account(st, b, dev, pct);
+    if (debt && batch_open_short(st) && vgpu_bucket_tokens(b) > -TURN_BATCH_NS)
+        debt = 0; /* paid before the next batch: a sleep now would cost the GPU a turn more (see the top) */
     if (measure && st->head - st->tail == RING) { /* CPU too far ahead: wait for the oldest launch */
         p = &st->ring[st->tail % RING];
         if (p->done)
@@ -541,8 +584,11 @@ static void do_before(struct dev_state *st, vgpu_ledger_t *b, int dev, int pct, 
     pthread_mutex_unlock(&st->mu);
     if (wait_for)
         ops.event_sync(wait_for);
-    if (debt)
+    if (debt) {
+        if (__atomic_load_n(&st->queue_end, __ATOMIC_RELAXED) < now_ns() + debt)
+            batch_cut(st, dev); /* our queue drains while we sleep: the launch after it begins a new batch */
         sleep_ns(debt);
+    }
     if (!measure && !wait_for && !debt)
         return;
     pthread_mutex_lock(&st->mu);
@@ -629,6 +675,78 @@ static void throttle(CUstream stream, int dev, int pct, int graph, uint64_t sig)
     pthread_mutex_unlock(&st->throttle_mu);
 launch:
     queued(st, dev, graph); /* after any debt is paid: asleep, we are not busy */
+    if (!__atomic_load_n(&st->batch_t0, __ATOMIC_RELAXED))
+        __atomic_store_n(&st->batch_t0, now_ns(), __ATOMIC_RELAXED); /* our queue was drained: a batch begins */
+    __atomic_fetch_add(&st->batch_n, 1, __ATOMIC_RELAXED);
+}
+
+/* mu held: the turn's cost as we have seen it, the 10th percentile of the last waits; -1 too few yet */
+static long long turn_cost(struct dev_state *st)
+{
+    long long w[WAITS], x;
+    unsigned n = st->nwaits < WAITS ? st->nwaits : WAITS, i, j;
+
+    if (n < 4)
+        return -1;
+    for (i = 0; i < n; i++) { /* insertion sort: 32 at most */
+        x = st->waits[i];
+        for (j = i; j > 0 && w[j - 1] > x; j--)
+            w[j] = w[j - 1];
+        w[j] = x;
+    }
+    return w[n / 10];
+}
+
+/* mu held: the turn's cost, charged to a batch of n launches that met another container busy */
+static void charge_turn(struct dev_state *st, int dev, long long n, long long wait)
+{
+    long long cost;
+
+    if (wait >= 0)
+        st->waits[st->nwaits++ % WAITS] = wait;
+    cost = turn_cost(st);
+    if (n > 0 && cost > 0)
+        charge(st, vgpu_bucket_of(dev), wait >= 0 && wait < cost ? wait : cost);
+}
+
+/* a launch is about to sleep off debt with a batch open: its queue drains meanwhile, so the batch ends
+ * here, its wait unknown yet: it is charged the turn's cost if another container was busy */
+static void batch_cut(struct dev_state *st, int dev)
+{
+    long long t0 = __atomic_exchange_n(&st->batch_t0, 0, __ATOMIC_RELAXED),
+              n = __atomic_exchange_n(&st->batch_n, 0, __ATOMIC_RELAXED),
+              held = __atomic_load_n(&st->held_ns, __ATOMIC_RELAXED);
+
+    if (!t0 || n <= 0 || held <= 0 || n * held >= TURN_BATCH_NS || !vgpu_board_foreign(dev))
+        return;
+    pthread_mutex_lock(&st->mu);
+    charge_turn(st, dev, n, -1);
+    pthread_mutex_unlock(&st->mu);
+}
+
+/* a wait for the GPU just drained our queue on dev: the batch that began at batch_t0 is done; charge
+ * it the turn to us (see the top) */
+static void batch_done(int dev)
+{
+    struct dev_state *st = &dev_state[dev];
+    long long t0, n, held, wait, now;
+    int pct;
+
+    if (!__atomic_load_n(&states_ready, __ATOMIC_ACQUIRE) || !(t0 = __atomic_exchange_n(&st->batch_t0, 0,
+                                                                                           __ATOMIC_RELAXED)))
+        return;
+    n = __atomic_exchange_n(&st->batch_n, 0, __ATOMIC_RELAXED);
+    held = __atomic_load_n(&st->held_ns, __ATOMIC_RELAXED);
+    now = now_ns();
+    if (n <= 0 || held <= 0 || n * held >= TURN_BATCH_NS || (wait = now - t0 - n * held) <= 0 ||
+        !(pct = percent_of(vgpu_region_get(), dev)))
+        return; /* long batches take their turns at time slices, charged to nobody as before */
+    vgpu_board_sample(dev);
+    if (!vgpu_board_foreign(dev))
+        return; /* alone, or beside our own container's processes */
+    pthread_mutex_lock(&st->mu);
+    charge_turn(st, dev, n, wait);
+    pthread_mutex_unlock(&st->mu);
 }
 
 VGPU_HIDDEN void vgpu_limiter_before_launch(CUstream stream, int graph, uint64_t sig)
@@ -672,8 +790,10 @@ VGPU_HIDDEN int vgpu_limiter_before_wait(void)
 
 VGPU_HIDDEN void vgpu_limiter_after_wait(int dev)
 {
-    if (dev >= 0 && dev < VGPU_MAX_DEVICES)
+    if (dev >= 0 && dev < VGPU_MAX_DEVICES) {
         vgpu_board_release(dev);
+        batch_done(dev);
+    }
 }
 
 VGPU_HIDDEN void vgpu_limiter_after_launch(CUstream stream)

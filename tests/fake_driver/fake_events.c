@@ -117,8 +117,7 @@ EXPORT CUresult cuEventRecord(CUevent e, CUstream s)
     if (gpu_on()) {
         lock();
         advance(now_ns());
-        me->ev[e->slot].target = me->submitted;
-        me->ev[e->slot].ts = me->done >= me->submitted ? now_ns() : 0;
+        sim_record(e->slot, now_ns());
         unlock();
     }
     return CUDA_SUCCESS;

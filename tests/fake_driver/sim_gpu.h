@@ -10,7 +10,14 @@
  *     stretched by every other busy process; an event completes when the work its process had
  *     queued when it was recorded is done;
  *   serial: kernels of all processes run one at a time, in launch order, none stretched (the
- *     simulator resolves its events itself).
+ *     simulator resolves its events itself);
+ *   turns (SIM_GPU_TURNS=SWITCH_US[,SLICE_US] with slice): the GPU belongs to one process at a time and
+ *     runs its queue; it turns to the next process with work when the owner's queue runs dry or, while
+ *     others wait, when the owner has had SLICE_US (2000 by default) of it, and each turn costs SWITCH_US
+ *     in which nobody's work progresses. Work queued while another owns the GPU, events recorded
+ *     included, waits for its owner's turn. This is how an H200 takes turns between contexts running
+ *     a loop of short kernels that syncs every few launches (bench/gpu_turns.py): a turn at each
+ *     batch, so two such loops get far less than one alone, and the cost falls on whoever is turned to.
  * State: one row per process, the lock is a flock on the file. Header-only: each user is one file. */
 #ifndef SIM_GPU_H
 #define SIM_GPU_H
@@ -44,12 +51,17 @@ struct sim_proc {
 struct sim_gpu {
     long long t;        /* slice: the time the shared state is advanced to */
     long long gpu_free; /* serial: when the GPU is next free */
+    int owner;          /* turns: whose turn it is (index + 1; 0 nobody's yet) */
+    int contended;      /* turns: others waited at the last step */
+    long long sw_end;   /* turns: the turn to `owner` is done then */
+    long long turn_at;  /* turns: the owner's slice began then */
     struct sim_proc proc[SIM_PROCS];
 };
 
 static struct sim_gpu *shared;
 static int gpu_fd = -1, serial;
 static long long keep_ppm = -1; /* of the GPU's time, what goes to work while several share it */
+static long long turn_switch_ns = -1, turn_slice_ns; /* turns: 0 off */
 static struct sim_proc *me;
 
 SIM_FN long long now_ns(void)
@@ -70,11 +82,103 @@ SIM_FN void unlock(void)
     flock(gpu_fd, LOCK_UN);
 }
 
+SIM_FN int turns_on(void)
+{
+    if (turn_switch_ns < 0) {
+        const char *v = getenv("SIM_GPU_TURNS"), *comma = v ? strchr(v, ',') : 0;
+        turn_switch_ns = v ? atoll(v) * 1000 : 0;
+        turn_slice_ns = comma ? atoll(comma + 1) * 1000 : 2000000;
+    }
+    return turn_switch_ns > 0;
+}
+
+/* turns: an event of p that waits only for p's turn (all the work before it is done) */
+SIM_FN int event_waiting(const struct sim_proc *p)
+{
+    int j;
+    for (j = 0; j < SIM_EVENTS; j++)
+        if (p->ev[j].target && !p->ev[j].ts && p->ev[j].target <= p->done)
+            return 1;
+    return 0;
+}
+
+SIM_FN int has_work(const struct sim_proc *p)
+{
+    return p->pid && (p->queued > 0 || event_waiting(p));
+}
+
+/* turns, lock held: the next process with work after index o (o itself only when nobody else has any);
+ * -1 none */
+SIM_FN int next_turn(int o)
+{
+    int i, n;
+    for (n = 1; n <= SIM_PROCS; n++) {
+        i = (o + n) % SIM_PROCS;
+        if (has_work(&shared->proc[i]))
+            return i;
+    }
+    return -1;
+}
+
+/* turns, lock held: see the top */
+SIM_FN void advance_turns(long long now)
+{
+    long long t = shared->t, run, left, before;
+    int o, i, j, others, n;
+
+    while (t < now) {
+        if (shared->sw_end > t) {
+            if (shared->sw_end >= now)
+                break;
+            t = shared->turn_at = shared->sw_end;
+        }
+        o = shared->owner - 1;
+        struct sim_proc *p = o >= 0 ? &shared->proc[o] : 0;
+        if (p && p->pid)
+            for (j = 0; j < SIM_EVENTS; j++) /* recorded behind finished work: done as its turn comes */
+                if (p->ev[j].target && !p->ev[j].ts && p->ev[j].target <= p->done)
+                    p->ev[j].ts = t;
+        for (i = 0, others = 0; i < SIM_PROCS; i++)
+            others |= i != o && has_work(&shared->proc[i]);
+        if (others && !shared->contended)
+            shared->turn_at = t; /* the slice counts from when someone else waits */
+        shared->contended = others;
+        if (p && p->pid && p->queued > 0) {
+            run = p->queued < now - t ? p->queued : now - t;
+            left = shared->turn_at + turn_slice_ns - t;
+            if (!others || left > 0) {
+                if (others && run > left)
+                    run = left;
+                before = p->done;
+                p->done += run;
+                p->queued -= run;
+                for (j = 0; j < SIM_EVENTS; j++)
+                    if (!p->ev[j].ts && p->ev[j].target > before && p->ev[j].target <= p->done)
+                        p->ev[j].ts = t + (p->ev[j].target - before);
+                t += run;
+                continue;
+            }
+        }
+        n = next_turn(o < 0 ? SIM_PROCS - 1 : o);
+        if (n < 0 || n == o)
+            break; /* idle, or the owner's own events are all stamped */
+        shared->owner = n + 1;
+        shared->sw_end = t + turn_switch_ns;
+        shared->contended = 0;
+    }
+    shared->t = now;
+}
+
 /* slice, lock held: run the processor-sharing GPU forward to `now`, stamping events as they complete */
 SIM_FN void advance(long long now)
 {
     long long t = shared->t, least, step, per, before;
     int i, j, k;
+
+    if (turns_on()) {
+        advance_turns(now);
+        return;
+    }
 
     while (t < now) {
         for (i = 0, k = 0, least = 0; i < SIM_PROCS; i++)
@@ -155,6 +259,16 @@ SIM_FN void gpu_open(const char *path, int serial_mode)
     atexit(leave);
 }
 
+
+/* slice, lock held (after advance): event slot i recorded now, behind everything this process launched;
+ * with turns, an event behind finished work still waits for this process's turn */
+SIM_FN void sim_record(int i, long long now)
+{
+    int mine = !turns_on() || !me->submitted ||
+               (shared->owner == (int)(me - shared->proc) + 1 && shared->sw_end <= now);
+    me->ev[i].target = me->submitted;
+    me->ev[i].ts = me->done >= me->submitted && mine ? now : 0;
+}
 
 /* slice: wait until everything this process launched is done */
 SIM_FN void drain(void)

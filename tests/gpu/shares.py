@@ -39,10 +39,12 @@ class ShareRunner:
         env.update(SPIN_ITERS=str(iters), LOOP_START_AT=f"{start_at:.3f}", NCCL_NVLS_ENABLE="0", **extra)
         return env
 
-    def run(self, containers: list[Container], iters: int, shim: bool = True, mps: bool = False) -> list[float]:
+    def run(self, containers: list[Container], iters: int, shim: bool = True, mps: bool = False,
+            trace: Path | None = None) -> list[float]:
         """Every process of every container, each container's loop beginning `arrives` seconds after the first
         one's; each container's share of a lone bare process over one common window that opens a second after
-        the last arrival (so a late container meets the others busy, as a pod that starts later does)."""
+        the last arrival (so a late container meets the others busy, as a pod that starts later does).
+        `trace`: a directory where each process writes its kernels' timeline (c<container>p<process>.txt)."""
         start_at = time.monotonic() + 2.5  # after every process has its context
         last = max(c.arrives for c in containers)
         window = (start_at + last + 1.0, start_at + last + 1.0 + self.seconds) if last else None
@@ -64,8 +66,11 @@ class ShareRunner:
                 extra["LOOP_WINDOW"] = f"{window[0]:.3f},{window[1]:.3f}"
             begin = start_at + spec.arrives
             seconds = window[1] + 0.2 - begin if window else self.seconds
-            for _ in range(spec.procs):
-                p = subprocess.Popen([str(self.exe), "loop", f"{seconds:.3f}"], env=self._env(iters, begin, extra),
+            for i in range(spec.procs):
+                env = self._env(iters, begin, extra)
+                if trace:
+                    env["LOOP_TRACE"] = str(trace / f"c{c}p{i}.txt")
+                p = subprocess.Popen([str(self.exe), "loop", f"{seconds:.3f}"], env=env,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                 procs.append((c, p))
         rates = [0.0] * len(containers)

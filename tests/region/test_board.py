@@ -45,7 +45,7 @@ int main(int argc, char **argv)
 {
     char line[256];
 
-    if (vgpu_board_join(0, "GPU-test") != 0) {
+    if (vgpu_board_join(0, "GPU-test", 7) != 0) {
         printf("no board\n");
         return 1;
     }

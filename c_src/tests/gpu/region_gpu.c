@@ -7,7 +7,10 @@
  *                            SPIN_ITERS sets the chain's length (1<<18: about 2.2 ms a kernel on an
  *                            H200); LOOP_START_AT (CLOCK_MONOTONIC seconds) makes processes started
  *                            together begin their timed loops at the same instant; LOOP_WINDOW=FROM,TO
- *                            adds window_kernels_per_s, the rate within that common window
+ *                            adds window_kernels_per_s, the rate within that common window;
+ *                            LOOP_TRACE=FILE writes each kernel's launch (CLOCK_MONOTONIC ns) and its
+ *                            start and end on the GPU's %globaltimer (common to every context), with
+ *                            the two clocks' offset, for bench/gpu_turns.py
  * Prints key=value lines. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -23,7 +26,7 @@
     if (!(p_##name = (__typeof__(&name))dlsym(lib, #name))) { printf("missing=%s\n", #name); return 2; }
 #define FUNCS(X) X(cuInit) X(cuDeviceGet) X(cuDevicePrimaryCtxRetain) X(cuCtxSetCurrent) X(cuMemAlloc_v2) \
     X(cuMemFree_v2) X(cuMemGetInfo_v2) X(cuModuleLoadData) X(cuModuleGetFunction) X(cuLaunchKernel) \
-    X(cuCtxSynchronize) X(cuDeviceGetAttribute)
+    X(cuCtxSynchronize) X(cuDeviceGetAttribute) X(cuMemsetD8_v2) X(cuMemcpyDtoH_v2)
 FUNCS(SYM)
 
 static const size_t MiB = 1 << 20;
@@ -38,7 +41,50 @@ static const char PTX[] =
     "LOOP:\n  fma.rn.f32 f1, f1, f2, 0f3F000000;\n  add.u32 r3, r3, 1;\n  setp.lt.u32 p, r3, r1;\n"
     "  @p bra LOOP;\n"
     "  cvta.to.global.u64 rd2, rd1;\n  mul.wide.u32 rd3, r2, 4;\n  add.u64 rd2, rd2, rd3;\n"
-    "  st.global.f32 [rd2], f1;\n  ret;\n}\n";
+    "  st.global.f32 [rd2], f1;\n  ret;\n}\n"
+    /* the same, and thread 0 of each block folds its start (complemented: max of ~t is the least t) and
+     * end on the global timer into rec[0] and rec[1] */
+    ".visible .entry spin_t(.param .u64 out, .param .u32 iters, .param .u64 rec)\n{\n"
+    "  .reg .pred p, q;\n  .reg .b32 r<4>;\n  .reg .f32 f<3>;\n  .reg .b64 rd<9>;\n"
+    "  mov.u64 rd5, %globaltimer;\n"
+    "  ld.param.u64 rd1, [out];\n  ld.param.u32 r1, [iters];\n  ld.param.u64 rd4, [rec];\n  mov.u32 r2, %tid.x;\n"
+    "  cvt.rn.f32.u32 f1, r2;\n  mov.f32 f2, 0f3F7FFFFE;\n  mov.u32 r3, 0;\n"
+    "LOOP:\n  fma.rn.f32 f1, f1, f2, 0f3F000000;\n  add.u32 r3, r3, 1;\n  setp.lt.u32 p, r3, r1;\n"
+    "  @p bra LOOP;\n"
+    "  cvta.to.global.u64 rd2, rd1;\n  mul.wide.u32 rd3, r2, 4;\n  add.u64 rd2, rd2, rd3;\n"
+    "  st.global.f32 [rd2], f1;\n  setp.ne.u32 q, r2, 0;\n  @q bra DONE;\n"
+    "  mov.u64 rd6, %globaltimer;\n  not.b64 rd5, rd5;\n  cvta.to.global.u64 rd4, rd4;\n"
+    "  atom.global.max.u64 rd7, [rd4], rd5;\n  atom.global.max.u64 rd8, [rd4+8], rd6;\n"
+    "DONE:\n  ret;\n}\n"
+    ".visible .entry stamp(.param .u64 rec)\n{\n  .reg .b64 rd<3>;\n  mov.u64 rd1, %globaltimer;\n"
+    "  ld.param.u64 rd2, [rec];\n  cvta.to.global.u64 rd2, rd2;\n  st.global.u64 [rd2], rd1;\n  ret;\n}\n";
+
+#define TRACE_MAX (1 << 20) /* kernels traced at most */
+
+/* the global timer's offset from CLOCK_MONOTONIC: the stamp with the tightest bracket of 50 */
+static long long timer_offset(CUmodule mod, CUdeviceptr rec)
+{
+    CUfunction fn;
+    void *args[1] = {&rec};
+    long long best = -1, off = 0;
+    int i;
+
+    if (p_cuModuleGetFunction(&fn, mod, "stamp"))
+        return 0;
+    for (i = 0; i < 50; i++) {
+        struct timespec a, b;
+        unsigned long long g = 0;
+        clock_gettime(CLOCK_MONOTONIC, &a);
+        p_cuLaunchKernel(fn, 1, 1, 1, 1, 1, 1, 0, 0, args, 0);
+        p_cuCtxSynchronize();
+        clock_gettime(CLOCK_MONOTONIC, &b);
+        p_cuMemcpyDtoH_v2(&g, rec, sizeof g);
+        long long ta = a.tv_sec * 1000000000ll + a.tv_nsec, tb = b.tv_sec * 1000000000ll + b.tv_nsec;
+        if (best < 0 || tb - ta < best)
+            best = tb - ta, off = (long long)g - (ta + tb) / 2;
+    }
+    return off;
+}
 
 static double now_s(void)
 {
@@ -74,7 +120,10 @@ static int do_loop(double seconds)
     CUdeviceptr out;
     unsigned iters = (unsigned)(getenv("SPIN_ITERS") ? atoi(getenv("SPIN_ITERS")) : 1 << 18);
     int sms = 0, launched = 0, first_n = 0, last_n = 0;
-    void *args[2];
+    void *args[3];
+    const char *trace = getenv("LOOP_TRACE");
+    CUdeviceptr rec = 0, recp = 0;
+    long long *launch_at = 0, offset = 0;
     double t0, t1, w0 = 1e300, w1 = -1, first_at = -1, last_at = -1;
     CUresult rc;
 
@@ -86,9 +135,20 @@ static int do_loop(double seconds)
     p_cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, 0);
     args[0] = &out;
     args[1] = &iters;
+    if (trace && (p_cuModuleGetFunction(&fn, mod, "spin_t") || p_cuMemAlloc_v2(&rec, TRACE_MAX * 16ull) ||
+                  p_cuMemsetD8_v2(rec, 0, TRACE_MAX * 16ull) || !(launch_at = calloc(TRACE_MAX, 8)))) {
+        printf("trace_setup=failed\n");
+        return 1;
+    }
+    if (trace)
+        offset = timer_offset(mod, rec + (TRACE_MAX - 1) * 16ull);
+    recp = rec;
+    args[2] = &recp;
     /* warm-up: JIT, clocks */
     p_cuLaunchKernel(fn, (unsigned)sms * 4, 1, 1, 256, 1, 1, 0, 0, args, 0);
     p_cuCtxSynchronize();
+    if (trace)
+        p_cuMemsetD8_v2(rec, 0, (TRACE_MAX - 1) * 16ull); /* the warm-up's record out */
     if (getenv("LOOP_START_AT")) {
         double at = atof(getenv("LOOP_START_AT"));
         while (now_s() < at) {
@@ -103,6 +163,12 @@ static int do_loop(double seconds)
     t0 = now_s();
     t1 = t0;
     while (t1 - t0 < seconds) {
+        if (trace && launched < TRACE_MAX - 1) {
+            struct timespec ts;
+            clock_gettime(CLOCK_MONOTONIC, &ts);
+            launch_at[launched] = ts.tv_sec * 1000000000ll + ts.tv_nsec;
+            recp = rec + (CUdeviceptr)launched * 16u;
+        }
         if ((rc = p_cuLaunchKernel(fn, (unsigned)sms * 4, 1, 1, 256, 1, 1, 0, 0, args, 0)) != CUDA_SUCCESS) {
             printf("launch_rc=%d\n", rc);
             return 1;
@@ -121,6 +187,19 @@ static int do_loop(double seconds)
     printf("sms=%d\nkernels=%d\nseconds=%.3f\nkernels_per_s=%.2f\n", sms, launched, t1 - t0, launched / (t1 - t0));
     if (first_at >= 0 && last_at > first_at)
         printf("window_kernels_per_s=%.2f\n", (last_n - first_n) / (last_at - first_at));
+    if (trace) { /* offset, then one line a kernel: launch (our clock), start, end (the GPU's timer) */
+        int n = launched < TRACE_MAX - 1 ? launched : TRACE_MAX - 1, i;
+        unsigned long long *se = malloc((size_t)n * 16u + 16u);
+        FILE *f = fopen(trace, "w");
+        if (!se || !f || p_cuMemcpyDtoH_v2(se, rec, (size_t)n * 16u)) {
+            printf("trace_write=failed\n");
+            return 1;
+        }
+        fprintf(f, "%lld\n", offset);
+        for (i = 0; i < n; i++)
+            fprintf(f, "%lld %llu %llu\n", launch_at[i], ~se[2 * i], se[2 * i + 1]);
+        fclose(f);
+    }
     return 0;
 }
 

@@ -146,8 +146,7 @@ static CUresult ev_record(CUevent e, CUstream s)
     if (shared && !serial) {
         lock();
         advance(now_ns());
-        me->ev[i].target = me->submitted;
-        me->ev[i].ts = me->done >= me->submitted ? now_ns() : 0;
+        sim_record(i, now_ns());
         unlock();
         return CUDA_SUCCESS;
     }
