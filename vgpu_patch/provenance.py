@@ -160,3 +160,29 @@ def verified(library_copy: Path, sha256: str, allowed_signers: Path | str, *, sh
                              f"({sha256[:12]}); refused, nothing was changed: rebuild, or remove the stale statement")
     signer = signing.verify(path, allowed_signers, shown=where)
     return summary(doc, signer.principal)
+
+
+def main(argv: list[str]) -> int:
+    """`python3 -m vgpu_patch.provenance COPY SHA256 ALLOWED_SIGNERS SHOWN`: `verified` for the Ansible role, which
+    reads the candidate, its statement and their signatures once into a private directory (COPY is the library's
+    copy there, SHOWN the file the operator named). Prints what the statement says as JSON (`null`: there is
+    none) and exits 0, or prints `@@err <one line>` and exits 1."""
+    from .errors import VgpuPatchError
+
+    if len(argv) != 4:
+        print("@@err usage: python3 -m vgpu_patch.provenance COPY SHA256 ALLOWED_SIGNERS SHOWN")
+        return 2
+    copy, sha256, allowed, shown = argv
+    try:
+        prov = verified(Path(copy), sha256.lower(), allowed, shown=shown)
+    except VgpuPatchError as e:
+        print("@@err " + " ".join(str(e).split()))
+        return 1
+    print(json.dumps(prov and {**prov.to_dict(), "text": str(prov)}, sort_keys=True))
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    raise SystemExit(main(sys.argv[1:]))

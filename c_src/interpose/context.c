@@ -6,6 +6,7 @@
 #include "accounting/device.h"
 #include "accounting/overhead.h"
 #include "driver/real.h"
+#include "interpose/nvml_dev.h"
 
 /* charge what such a context takes and create it (one that would not fit is refused first), then
  * measure; a context over the container's limit is destroyed again (undo) and refused */
@@ -20,6 +21,7 @@
                 vgpu_overhead_undo_ctx(&p_); \
                 rc_ = CUDA_ERROR_OUT_OF_MEMORY; \
             } \
+            vgpu_note_host_pid(); /* the probe may just have found it: the container's listings show us */ \
         } \
         rc_; \
     })

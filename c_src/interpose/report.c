@@ -11,6 +11,7 @@
 #include "accounting/device.h"
 #include "accounting/overhead.h"
 #include "driver/real.h"
+#include "interpose/nvml_dev.h"
 #include "limits/limits.h"
 
 VGPU_EXPORT CUresult cuInit(unsigned int Flags)
@@ -39,6 +40,7 @@ static void vgpu_overhead_report(int dev)
 {
     vgpu_overhead_ensure(dev);
     vgpu_overhead_refresh(dev, 0);
+    vgpu_note_host_pid(); /* found by now, perhaps: the container's process listings show us */
 }
 
 /* free as the container sees it: what is left of its limit, and never more than the device has */
@@ -99,7 +101,7 @@ VGPU_OWN_ALIAS(cuDeviceTotalMem_v2)
  * host does, CUDA as CUDA_VISIBLE_DEVICES orders them. Before the CUDA driver can name its devices
  * (no cuInit yet), NVML's index stands in, as HAMi's own containers see the same devices in the
  * same order. */
-static int nvml_dev(nvmlDevice_t device)
+VGPU_HIDDEN int vgpu_nvml_dev(nvmlDevice_t device)
 {
     char want[96], have[96];
     unsigned int idx = 0;
@@ -122,7 +124,7 @@ static int nvml_dev(nvmlDevice_t device)
 static int limit_nvml_view(nvmlDevice_t device, unsigned long long *total, unsigned long long *free,
                            unsigned long long *used)
 {
-    int dev = nvml_dev(device);
+    int dev = vgpu_nvml_dev(device);
     uint64_t limit = dev >= 0 ? vgpu_budget_limit(dev) : 0;
 
     if (!limit)

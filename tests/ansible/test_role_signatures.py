@@ -102,3 +102,81 @@ def test_the_live_bytes_are_the_verified_bytes_whatever_task_the_candidate_is_sw
             assert sha(live) == sha(libs.v2), f"{what}: bytes other than the verified ones went live"
             kept = node.state / "signatures" / f"{sha(live)}.sig"
             assert kept.read_text().strip() == sig.read_text().strip(), what
+
+
+def _manifest(lib: Path) -> dict:
+    """What `vgpu-patch build` records, for a library the test built itself."""
+    return {"file": "libvgpu.so", "sha256": sha(lib), "source_sha256": "5" * 64, "hooks_def_sha256": "6" * 64,
+            "compiler": {"kind": "gcc", "name": "gcc", "version": "gcc (Debian 12.2.0-14) 12.2.0", "package": ""},
+            "headers": {"sha256": "7" * 64, "cuda_version": 12080, "packages": {}}, "arch": "x86_64",
+            "target": "x86_64-linux-gnu", "glibc_floor": None, "profile": "release", "defines": [],
+            "flags": {"cflags": [], "ldflags": []}, "tool": "vgpu-patch 0.1.0"}
+
+
+# the role, then its provenance fact on one line the test can read
+_SHOW_FACT = """- name: Deploy, then show the provenance fact
+  hosts: gpu
+  gather_facts: false
+  become: "{{ vgpu_patch_become }}"
+  roles:
+    - role: vgpu_patch
+  tasks:
+    - name: Show the fact
+      ansible.builtin.debug:
+        msg: "@@fact {{ vgpu_patch_provenance | to_json }}"
+      run_once: true
+"""
+
+
+def test_the_builds_provenance_is_checked_shown_and_kept_as_a_fact(nodes: list[Node], libs: Libs, tmp_path: Path,
+                                                                   keys) -> None:
+    """The signed provenance beside the candidate (`build --sign`): checked with the same key set and from the same
+    private copy as the library, by the CLI's own rule; what it states is shown and kept in
+    `vgpu_patch_provenance`; a statement changed after signing, naming other bytes, signed by a key not allowed
+    or not signed stops the run with the node untouched."""
+    from vgpu_patch import provenance
+
+    ours, theirs, allowed = keys
+    node = nodes[0]
+    live = node.libdir / "libvgpu.so"
+    shutil.copy(libs.vendor, live)
+    inv = write_inventory([node], tmp_path / "inv.ini")
+    cand = tmp_path / "out" / "libvgpu.so"
+    cand.parent.mkdir()
+    shutil.copy(libs.v2, cand)
+    sign(cand, ours)
+    extra = {"vgpu_patch_library": str(cand), "vgpu_patch_allowed_signers": str(allowed)}
+    statement = provenance.write(cand, _manifest(cand), "0123456789ab")
+
+    def refused(words: str) -> str:
+        run = run_playbook("deploy.yml", inv, extra)
+        line = next((x for x in run.output.splitlines() if words in x), "")
+        assert run.rc != 0 and line and "refused" in line, run.output
+        assert sha(live) == sha(libs.vendor) and not node.state.exists()
+        return line
+
+    refused(f"{statement}: unsigned (no libvgpu.so.intoto.json.sig beside it)")
+    sign(statement, theirs)
+    assert "does not allow" in refused(f"{statement}: signed by key SHA256:")
+    sign(statement, ours)
+    statement.write_text(statement.read_text().replace("0123456789ab", "ba9876543210"))  # forged after signing
+    refused(f"{statement}: libvgpu.so.intoto.json.sig by release@example.com does not match the file")
+    provenance.write(cand, {**_manifest(cand), "sha256": "8" * 64})  # another build's statement, signed
+    sign(statement, ours)
+    assert "remove the stale statement" in refused(f"{statement}: states the build of sha256 888888888888, not of")
+
+    provenance.write(cand, _manifest(cand), "0123456789ab")
+    sign(statement, ours)
+    play = tmp_path / "show.yml"
+    play.write_text(_SHOW_FACT)
+    run = run_playbook(str(play), inv, {**extra, "vgpu_patch_action": "deploy"})
+    assert run.rc == 0 and sha(live) == sha(libs.v2), run.output
+    out = " ".join(run.output.split())
+    assert (f"{cand} signed by release@example.com with key SHA256:" in out
+            and "; built by urn:vgpu-patch:builder:vgpu-patch:0.1.0 from c_src 555555555555 (commit 0123456789ab) "
+                "with gcc (Debian 12.2.0-14) 12.2.0, as signed by release@example.com" in out), run.output
+    fact = json.loads(out.split('"@@fact ')[1].rsplit('"', 1)[0].replace('\\"', '"'))
+    assert fact == {"signer": "release@example.com", "source_sha256": "5" * 64, "commit": "0123456789ab",
+                    "compiler": "gcc (Debian 12.2.0-14) 12.2.0", "builder": "urn:vgpu-patch:builder:vgpu-patch:0.1.0",
+                    "text": "built by urn:vgpu-patch:builder:vgpu-patch:0.1.0 from c_src 555555555555 (commit "
+                            "0123456789ab) with gcc (Debian 12.2.0-14) 12.2.0"}

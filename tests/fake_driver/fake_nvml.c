@@ -461,3 +461,22 @@ EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t d, unsigne
 {
     return processes(d, count, infos, sizeof *infos);
 }
+
+/* the graphics and MPS listings show the same processes (a fake GPU has one kind of client) */
+EXPORT nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v2(nvmlDevice_t d, unsigned int *count,
+                                                             nvmlProcessInfo_v2_t *infos)
+{
+    return processes(d, count, infos, sizeof *infos);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses(nvmlDevice_t d, unsigned int *count,
+                                                          nvmlProcessInfo_v1_t *infos)
+{
+    return processes(d, count, infos, sizeof *infos);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses(nvmlDevice_t d, unsigned int *count,
+                                                            nvmlProcessInfo_v1_t *infos)
+{
+    return processes(d, count, infos, sizeof *infos);
+}
