@@ -2,7 +2,9 @@
 
 The import graph is read from the source with `ast`: every import counts, at module level, inside a
 function, under `if TYPE_CHECKING:` and in the `from . import x` form (an edge to the module `x` when it is
-one, else to the package). A circle of imports between two or more modules fails the test and is named.
+one, else to the package); `importlib.import_module(f"vgpu_patch.commands.{name}")` (the CLI's lazy command
+table) is an edge to every module its constant prefix names. A circle of imports between two or more
+modules fails the test and is named.
 """
 from __future__ import annotations
 
@@ -14,6 +16,9 @@ ROOT = Path(__file__).resolve().parent.parent / PACKAGE
 # the face: the package itself, the command line and its shared options; the floor every layer uses: one
 # errors module (exit codes) and one -v level (verbosity). Everything else lives in a package.
 TOP_LEVEL = {"__init__.py", "cli.py", "cli_options.py", "errors.py", "verbosity.py"}
+# the floors of docs/architecture.md, top first: each package (or top-level module) imports only from below it
+FLOORS = ["cli", "commands", "cli_options", "agent", "k8s", "deploy", "shim_build", "elf", "transport", "release",
+          "shim", "verbosity", "errors", PACKAGE]
 
 
 def _modules() -> dict[str, Path]:
@@ -37,6 +42,21 @@ def _resolve(importer: str, is_package: bool, node: ast.ImportFrom) -> str:
     return ".".join(base + ([node.module] if node.module else []))
 
 
+def _calls(node: ast.Call, name: str) -> bool:
+    f = node.func
+    return (isinstance(f, ast.Attribute) and f.attr == name) or (isinstance(f, ast.Name) and f.id == name)
+
+
+def _constant_prefix(arg: ast.expr) -> str:
+    """`"a.b"` -> "a.b"; `f"a.b.{x}"` -> "a.b." (what is known before the first placeholder)."""
+    if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+        return arg.value
+    if isinstance(arg, ast.JoinedStr) and arg.values:
+        first = arg.values[0]
+        return first.value if isinstance(first, ast.Constant) and isinstance(first.value, str) else ""
+    return ""
+
+
 def import_graph() -> dict[str, set[str]]:
     """Module -> the vgpu_patch modules it imports (its own package's `__init__` not counted)."""
     mods = _modules()
@@ -45,7 +65,10 @@ def import_graph() -> dict[str, set[str]]:
         is_package = path.name == "__init__.py"
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             targets: list[str] = []
-            if isinstance(node, ast.Import):
+            if isinstance(node, ast.Call) and _calls(node, "import_module") and node.args:
+                prefix = _constant_prefix(node.args[0])
+                targets = [m for m in mods if prefix and (m == prefix or m.startswith(prefix.rstrip(".") + "."))]
+            elif isinstance(node, ast.Import):
                 targets = [a.name for a in node.names]
             elif isinstance(node, ast.ImportFrom):
                 where = _resolve(name, is_package, node)
@@ -86,6 +109,7 @@ def test_the_graph_sees_every_form_of_import() -> None:
     assert "vgpu_patch.errors" in g["vgpu_patch.cli"]  # from .errors import ...
     assert "vgpu_patch.verbosity" in g["vgpu_patch.transport.base"]  # from .. import verbosity
     assert "vgpu_patch.deploy.script" in g["vgpu_patch.deploy.ops"]  # inside a function
+    assert "vgpu_patch.commands.demo" in g["vgpu_patch.cli"]  # importlib.import_module(f"vgpu_patch.commands.{x}")
 
 
 def test_find_cycle_names_the_circle() -> None:
@@ -97,3 +121,20 @@ def test_no_module_imports_back_into_a_module_that_imports_it() -> None:
     cycle = find_cycle(import_graph())
     assert cycle is None, "import circle: " + " -> ".join(cycle or [])
 
+
+def _floor(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else PACKAGE
+
+
+def test_every_package_imports_only_from_the_floors_below_it() -> None:
+    g = import_graph()
+    assert {_floor(m) for m in g} == set(FLOORS), "a new package: give it its floor in FLOORS and the docs"
+    upward = sorted(f"{a} -> {b}" for a, bs in g.items() for b in bs
+                    if FLOORS.index(_floor(b)) < FLOORS.index(_floor(a)))
+    assert not upward, f"imports from a floor above: {upward}"
+
+
+def test_the_top_level_holds_only_the_face_and_the_floor() -> None:
+    loose = {p.name for p in ROOT.glob("*.py")} - TOP_LEVEL
+    assert not loose, f"modules at the top of {PACKAGE}/ that belong in a package: {sorted(loose)}"

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import click
 
-from .. import provenance, verbosity
+from .. import verbosity
 from ..cli_options import (
     allowed_signers_option,
     dry_run_option,
@@ -22,7 +22,8 @@ from ..deploy.render import plan_listing, swap_table
 from ..deploy.request import DEFAULT_TOOL, SwapRequest
 from ..deploy.swap import SwapResult, swap
 from ..deploy.targets import HostSpec
-from ..signing import verified
+from ..release import provenance
+from ..release.signing import verified
 from ..transport.base import Transport
 
 EPILOG = """\b

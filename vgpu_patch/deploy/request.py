@@ -6,7 +6,7 @@ from dataclasses import dataclass, replace
 from typing import Callable
 
 from .. import __version__
-from ..signing import Signature
+from ..release.signing import Signature
 from .candidate import Candidate
 
 DEFAULT_DIR = "/usr/local/vgpu"
