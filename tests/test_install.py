@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from vgpu_patch import __version__
-from vgpu_patch.install import EXTRAS, Origin, install_command
+from vgpu_patch.release.install import EXTRAS, Origin, install_command
 
 ROOT = Path(__file__).resolve().parents[1]
 

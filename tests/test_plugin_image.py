@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from node_fixtures import build_marked_lib, sha
 
-from vgpu_patch.plugin_image import PluginImageError, default_tag, version_from_listing
+from vgpu_patch.k8s.plugin_image import PluginImageError, default_tag, version_from_listing
 
 REPO = Path(__file__).resolve().parent.parent
 

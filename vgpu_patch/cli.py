@@ -30,7 +30,7 @@ replaced outside vgpu-patch (the device plugin's copy-back?).
 def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
     if not value or ctx.resilient_parsing:
         return
-    from .install import version_text
+    from .release.install import version_text
 
     click.echo(version_text())
     ctx.exit()

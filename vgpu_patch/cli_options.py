@@ -89,7 +89,7 @@ def existing_path(role: str, path: object) -> None:
         raise UsageError(f"{role} {path} does not exist; check the path")
 
 
-DEFAULT_TARGET_DIR = "/usr/local/vgpu"  # the same as deploy.swap.DEFAULT_DIR (kept import-free for fast --help)
+DEFAULT_TARGET_DIR = "/usr/local/vgpu"  # the same as deploy.request.DEFAULT_DIR (kept import-free for fast --help)
 
 
 def target_options(f: Callable) -> Callable:

@@ -77,7 +77,7 @@ def test_a_signed_image_goes_live_and_rollback_needs_no_signature(image: Image, 
 def test_the_images_signed_provenance_is_checked_and_shown(image: Image, host: Host, keys) -> None:
     """`build --sign` puts the build's provenance beside the library: the agent checks it with the library (from
     the same private copy), logs and reports what it states, and refuses a statement changed after signing."""
-    from vgpu_patch import provenance
+    from vgpu_patch.release import provenance
 
     ours, _, allowed = keys
     sign(image.library, ours)

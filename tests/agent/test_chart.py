@@ -15,7 +15,7 @@ import yaml
 from helm_bin import Helm
 
 from vgpu_patch import __version__
-from vgpu_patch.daemonset import (
+from vgpu_patch.k8s.daemonset import (
     AllowedSigners,
     DaemonSetOptions,
     ImageRef,

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 from vgpu_patch.agent.image import default_manifest
 from vgpu_patch.commands.daemonset import cli
-from vgpu_patch.daemonset import HOST_ROOT, IMAGE_LIB_DIR, DaemonSetOptions, render_yaml
+from vgpu_patch.k8s.daemonset import HOST_ROOT, IMAGE_LIB_DIR, DaemonSetOptions, render_yaml
 
 REPO = Path(__file__).resolve().parents[2]
 kv = pytest.importorskip("kubernetes_validate", reason="pip install kubernetes-validate (ships the schemas)")
@@ -101,7 +101,7 @@ def test_bad_options_are_usage_errors(argv: list[str]) -> None:
     (f"reg.example:443/agent@sha256:{'d' * 64}", f"reg.example:443/agent@sha256:{'d' * 64}"),
 ])
 def test_image_reference_is_split_as_the_chart_spells_it(ref: str, want: str) -> None:
-    from vgpu_patch.daemonset import ImageRef
+    from vgpu_patch.k8s.daemonset import ImageRef
 
     img = ImageRef.parse(ref)
     assert img.reference() == want
@@ -229,7 +229,7 @@ def test_no_host_pid_means_no_ptrace_and_no_scan() -> None:
 def test_the_rendered_args_run_the_agent(argv: list[str], image: Image, host: Host, tmp_path: Path) -> None:
     """The container's args, with the image's and host's paths swapped for the test's, make a working agent."""
     from vgpu_patch.commands.agent import cli as agent_cli
-    from vgpu_patch.daemonset import READY_FILE, STATUS_FILE
+    from vgpu_patch.k8s.daemonset import READY_FILE, STATUS_FILE
 
     (c,) = render(*argv)["spec"]["template"]["spec"]["containers"]
     status = tmp_path / "run" / "agent.json"

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from helm_bin import Helm
 
-from vgpu_patch.daemonset import values_schema
+from vgpu_patch.k8s.daemonset import values_schema
 
 CHART = Path(__file__).resolve().parents[2] / "charts" / "vgpu-patch-agent"
 jsonschema = pytest.importorskip("jsonschema", reason="pip install jsonschema")

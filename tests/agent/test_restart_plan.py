@@ -11,8 +11,8 @@ from fake_kube import FakeKube
 
 from vgpu_patch.agent import Agent, AgentConfig
 from vgpu_patch.commands.restart_plan import cli as restart_plan
-from vgpu_patch.daemonset import DaemonSetOptions, render_rbac
 from vgpu_patch.k8s import api
+from vgpu_patch.k8s.daemonset import DaemonSetOptions, render_rbac
 from vgpu_patch.k8s.report import ANN_STALE, NodeReporter
 from vgpu_patch.k8s.restart import build_plan, evict
 

@@ -76,7 +76,7 @@ def test_toolkit_with_both_headers_wins_and_one_without_nvml_is_skipped(tmp_path
 def test_sign_writes_a_signature_and_a_rebuild_removes_a_stale_one(tmp_path: Path, fixture_src: Path) -> None:
     from signing_keys import allowed_signers, make_key
 
-    from vgpu_patch import signing
+    from vgpu_patch.release import signing
 
     key = make_key(tmp_path / "keys", "release@example.com")
     out = tmp_path / "out"
@@ -99,7 +99,7 @@ def test_sign_also_writes_a_signed_provenance_that_reproduce_takes(tmp_path: Pat
 
     from signing_keys import allowed_signers, make_key
 
-    from vgpu_patch import provenance, signing
+    from vgpu_patch.release import provenance, signing
 
     key = make_key(tmp_path / "keys", "release@example.com")
     out = tmp_path / "out"

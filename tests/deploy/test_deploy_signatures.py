@@ -201,7 +201,7 @@ def _manifest(lib: Path) -> dict:
 def test_the_builds_provenance_is_checked_and_shown(case, keys, libs) -> None:
     """The build's signed provenance beside the library (`build --sign`): deploy names what it states about the
     file it verified, and refuses a statement that was changed, names other bytes, or no allowed key signed."""
-    from vgpu_patch import provenance
+    from vgpu_patch.release import provenance
 
     root, d, cand = case
     ours, theirs, allowed = keys

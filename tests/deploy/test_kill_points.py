@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 from deploy_support import assert_whole, make_node, sha
 
-from vgpu_patch.deploy.swap import SwapHooks, SwapResult, deploy_file, node_status, rollback
+from vgpu_patch.deploy.request import SwapHooks
+from vgpu_patch.deploy.swap import SwapResult, deploy_file, node_status, rollback
 from vgpu_patch.errors import VgpuPatchError
 from vgpu_patch.transport.local import LocalTransport
 

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 from deploy_support import assert_whole, leftovers, make_node, sha
 
-from vgpu_patch.deploy.swap import SwapHooks, deploy_file, node_status, rollback
+from vgpu_patch.deploy.request import SwapHooks
+from vgpu_patch.deploy.swap import deploy_file, node_status, rollback
 from vgpu_patch.errors import DeployError, IntegrityError, LockedError
 from vgpu_patch.transport.local import LocalTransport
 

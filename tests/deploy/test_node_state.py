@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 from deploy_support import IS_ROOT, leftovers, make_node, sha
 
-from vgpu_patch.deploy.swap import SwapHooks, deploy_file, node_status, rollback
+from vgpu_patch.deploy.request import SwapHooks
+from vgpu_patch.deploy.swap import deploy_file, node_status, rollback
 from vgpu_patch.errors import DeployError
 from vgpu_patch.transport.local import LocalTransport, resolve_in_root
 

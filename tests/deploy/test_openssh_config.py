@@ -141,6 +141,7 @@ def test_partial_upload_is_private_and_removed_when_the_link_is_cut(sshd_root: S
     from deploy_tcpproxy import CuttingProxy
 
     from vgpu_patch.deploy import swap
+    from vgpu_patch.deploy.request import SwapHooks
     from vgpu_patch.transport.ssh import SSHTransport
 
     d = _lib_dir(tmp_path, libs["vendor"])
@@ -177,7 +178,7 @@ def test_partial_upload_is_private_and_removed_when_the_link_is_cut(sshd_root: S
         assert (d / "libvgpu.so").read_bytes() == libs["vendor"].read_bytes()
     assert set(modes) <= {0o600}  # whatever the watcher caught mid-upload was private
     seen: list[int] = []  # and deterministically: the whole upload, just before the swap script uses it
-    hooks = swap.SwapHooks(after_upload=lambda p: seen.append(os.stat(p).st_mode & 0o777))
+    hooks = SwapHooks(after_upload=lambda p: seen.append(os.stat(p).st_mode & 0o777))
     with SSHTransport("127.0.0.1", port=sshd_root.port, user=sshd_root.user, key_filenames=[str(sshd_root.key_path)],
                       known_hosts=sshd_root.known_hosts, allow_agent=False,
                       use_sudo=None if os.geteuid() == 0 else False) as t:

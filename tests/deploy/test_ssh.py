@@ -246,7 +246,7 @@ def test_connection_killed_during_the_swap_script(fresh_sshd: SSHD, tmp_path: Pa
     import time
 
     from vgpu_patch.deploy import swap
-    from vgpu_patch.deploy.swap import SwapHooks
+    from vgpu_patch.deploy.request import SwapHooks
     from vgpu_patch.errors import LockedError
 
     d = lib_dir(tmp_path, libs["vendor"])

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from vgpu_patch.deploy.targets import HostSpec, SSHSettings, load_inventory, make_transport
+from vgpu_patch.deploy.inventory import load_inventory
+from vgpu_patch.deploy.targets import HostSpec, SSHSettings, make_transport
 from vgpu_patch.deploy.targets import resolve as resolve_spec
 from vgpu_patch.errors import UsageError
 

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from vgpu_patch.deploy.targets import load_inventory, parse_host
+from vgpu_patch.deploy.inventory import load_inventory
+from vgpu_patch.deploy.targets import parse_host
 from vgpu_patch.errors import UsageError
 
 INI = """

@@ -34,7 +34,7 @@ SOAK_C = Path(__file__).resolve().parents[1] / "shim" / "soak.c"
 
 def _charged(region: Path) -> dict[int, int]:
     """what the region charges each live slot's process on device 0 (its pid here is the host's: no container)"""
-    from vgpu_patch import region as R
+    from vgpu_patch.shim import region as R
 
     try:
         r = R.read_region(region)

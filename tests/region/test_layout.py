@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from regiontools import C_SRC, run_tool
 
-from vgpu_patch import region as R
+from vgpu_patch.shim import region as R
 
 
 def _python_table() -> dict[str, int]:

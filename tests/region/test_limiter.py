@@ -80,13 +80,13 @@ def test_force_policy_ignores_the_monitor_switch(sim: Path) -> None:
 
 
 def _region_with(path: Path, **kw) -> None:
-    from vgpu_patch import region as R
+    from vgpu_patch.shim import region as R
 
     path.write_bytes(R.encode(uuids=["GPU-sim"], limit=[0], **kw))
 
 
 def test_monitor_switch_and_region_limit_are_honoured(sim: Path, tmp_path: Path) -> None:
-    from vgpu_patch import region as R
+    from vgpu_patch.shim import region as R
 
     cache = tmp_path / "cache"
     common = {"VGPU_SIM_REGION": "1", "CUDA_DEVICE_MEMORY_SHARED_CACHE": str(cache), "CUDA_DEVICE_SM_LIMIT": "50"}
@@ -109,7 +109,7 @@ def test_measured_share_is_reported_in_the_slot(sim: Path, tmp_path: Path) -> No
     """A long run under 25%: our slot's sm_util shows about 25 while it runs (the monitor's view)."""
     import time
 
-    from vgpu_patch import region as R
+    from vgpu_patch.shim import region as R
 
     cache = tmp_path / "cache"
     env = {k: v for k, v in __import__("os").environ.items() if not k.startswith(("CUDA_", "GPU_CORE"))}

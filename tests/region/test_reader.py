@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from vgpu_patch import region as R
 from vgpu_patch.cli import cli
+from vgpu_patch.shim import region as R
 
 GiB = 1 << 30
 UUIDS = ["GPU-11111111-2222-3333-4444-555555555555", "GPU-66666666-7777-8888-9999-000000000000"]

@@ -19,7 +19,7 @@ from costtools import (
     start_storm,
 )
 
-from vgpu_patch import region as R
+from vgpu_patch.shim import region as R
 
 
 @pytest.fixture(scope="module")

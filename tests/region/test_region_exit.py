@@ -13,7 +13,7 @@ from pathlib import Path
 
 from regiontools import Held, lines, run_tool
 
-from vgpu_patch import region as R
+from vgpu_patch.shim import region as R
 
 MiB = 1 << 20
 SIXTY = 60 * MiB

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from regiontools import lines, result_line, run_tool, shim_child
 
-from vgpu_patch import region as R
+from vgpu_patch.shim import region as R
 
 MiB = 1 << 20
 ENV = {"CUDA_DEVICE_MEMORY_LIMIT": "100m", "FAKE_CUDA_DEVICES": "1"}

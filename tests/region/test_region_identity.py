@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from regiontools import Held, lines
 
-from vgpu_patch import region as R
+from vgpu_patch.shim import region as R
 
 MiB = 1 << 20
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from regiontools import result_line, shim_child
 
-from vgpu_patch import region as R
+from vgpu_patch.shim import region as R
 
 RECENT = R.REGION_FIELDS["recent_kernel"][0]
 LAST = R.REGION_FIELDS["last_kernel_time"][0]

@@ -9,7 +9,7 @@ from pathlib import Path
 from regiontools import Held, lines, run_tool
 from test_region_identity import needs_ns, sigkill_in_namespace
 
-from vgpu_patch import region as R
+from vgpu_patch.shim import region as R
 
 MiB = 1 << 20
 

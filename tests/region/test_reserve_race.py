@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from regiontools import REGION_SOURCES, Held, build_program, lines, run_tool
 
-from vgpu_patch import region as R
+from vgpu_patch.shim import region as R
 
 UNIT = 4096
 LIMIT = 64 * UNIT  # small: a few chunks, so the racers keep crossing it

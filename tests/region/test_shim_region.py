@@ -9,7 +9,7 @@ from pathlib import Path
 
 from regiontools import result_line, shim_child
 
-from vgpu_patch import region as R
+from vgpu_patch.shim import region as R
 
 MiB = 1 << 20
 LIMIT_ENV = {"CUDA_DEVICE_MEMORY_LIMIT": "100m", "FAKE_CUDA_DEVICES": "1"}

@@ -21,7 +21,7 @@ from typing import Callable
 import pytest
 from regiontools import C_SRC, CFLAGS, LIMITER_SOURCES, REGION_SOURCES, cc
 
-from vgpu_patch import region as R
+from vgpu_patch.shim import region as R
 from vgpu_patch.shim_build.build import header_dir
 
 LONG_US, SHORT_US = 2000, 300  # stretched by time slices / serialised between them

@@ -123,8 +123,8 @@ def emit(**kw):
 
 
 def region_defines() -> list[str]:
-    """-D flags giving a C watcher the region's layout (vgpu_patch.region): size, proc_num, slots, total, hold."""
-    from vgpu_patch import region as R
+    """-D flags giving a C watcher the region's layout (vgpu_patch.shim.region): size, proc_num, slots, total, hold."""
+    from vgpu_patch.shim import region as R
 
     used0 = R.SLOT_FIELDS["used"][0] + R.MEMORY_FIELDS["total"]
     hold0 = R.SLOT_FIELDS["device_util"][0] + R.UTIL_FIELDS["unused"]  # our exit hold (c_src/region/slots.c)

@@ -1,4 +1,4 @@
-"""The C parser (c_src/limits/parse.c) and vgpu_patch.limits agree on every input."""
+"""The C parser (c_src/limits/parse.c) and vgpu_patch.shim.limits agree on every input."""
 from __future__ import annotations
 
 import subprocess
@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from vgpu_patch.errors import LimitParseError
-from vgpu_patch.limits import parse_limit, parse_sm_limit
+from vgpu_patch.shim.limits import parse_limit, parse_sm_limit
 
 C_SRC = Path(__file__).resolve().parents[2] / "c_src"
 
@@ -136,7 +136,7 @@ def test_long_digit_strings_agree(c_parse, zeros: int, tail: str) -> None:
 
 
 def test_sm_limits_from_env_maps_none_like_the_shim() -> None:
-    from vgpu_patch.limits import sm_limits_from_env
+    from vgpu_patch.shim.limits import sm_limits_from_env
 
     got = sm_limits_from_env({"CUDA_DEVICE_SM_LIMIT": "100", "CUDA_DEVICE_SM_LIMIT_1": "30",
                               "CUDA_DEVICE_SM_LIMIT_2": "0", "CUDA_DEVICE_SM_LIMIT_3": "150"})

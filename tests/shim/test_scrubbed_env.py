@@ -9,7 +9,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from vgpu_patch import region as R
+from vgpu_patch.shim import region as R
 
 from .harness import Env
 

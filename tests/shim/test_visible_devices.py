@@ -44,7 +44,7 @@ BODY = """
         ctx_on(d)
         rc, free, total = meminfo()
         infos.append([rc, total // MiB, free // MiB])
-    from vgpu_patch import region as R
+    from vgpu_patch.shim import region as R
     reg = R.read_region(os.environ["CUDA_DEVICE_MEMORY_SHARED_CACHE"])
     emit(count=n[0], rcs=rcs, info=infos, nvml=[nvml(i) for i in range(4)], uuids=reg.uuids[:2],
          limit=reg.limit[:2], used=[reg.used(d) // MiB for d in range(4)])

@@ -6,10 +6,10 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import provenance
 from ..deploy.candidate import Candidate, inspect
 from ..errors import ElfError, IntegrityError, UsageError
-from ..signing import Signature, verified
+from ..release import provenance
+from ..release.signing import Signature, verified
 
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 

@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from ..deploy import facts as F
-from ..deploy.swap import SwapRequest, SwapResult, rollback, swap
+from ..deploy.request import SwapRequest
+from ..deploy.swap import SwapResult, rollback, swap
 from ..errors import DeployError, IntegrityError, VgpuPatchError
 from ..transport.local import LocalTransport
 from .image import ImageLibrary, expected_sha256, verify_image
@@ -80,8 +81,8 @@ class Agent:
         self.t = LocalTransport(cfg.host_root, name=self.operator.split("@", 1)[-1])
         self.dir = cfg.target_dir.rstrip("/") or "/"
         # built once: the image's library, inspected once at start, installed wherever nothing is
-        self.request = SwapRequest(self.operator, "deploy", self.image.candidate, target_dir=self.dir, tool=TOOL,
-                                   install=True, signature=self.image.signature)
+        self.request = SwapRequest(operator=self.operator, action="deploy", candidate=self.image.candidate,
+                                   target_dir=self.dir, tool=TOOL, install=True, signature=self.image.signature)
         self.host_dir = Path(self.t.path(self.dir))
         self.status = AgentStatus(
             node=self.t.name, library=str(cfg.library), want_sha256=self.image.sha256, target_dir=self.dir,

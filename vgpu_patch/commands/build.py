@@ -99,9 +99,9 @@ def cli(out_dir: Path, arch: str | None, glibc: str, compiler: str | None, profi
     m = result.manifest
     doc: dict[str, Any] = {"library": str(result.library), "manifest_path": str(result.manifest_path), "build": m}
     if sign_key is not None:
-        from .. import provenance
-        from ..install import origin
-        from ..signing import sign
+        from ..release import provenance
+        from ..release.install import origin
+        from ..release.signing import sign
 
         doc["signature"] = str(sign(result.library, sign_key))
         # the build's provenance beside it (in-toto, SLSA v1), signed with the same key; the commit is this

@@ -95,7 +95,8 @@ def cli(image: str | None, image_pull_policy: str, namespace: str, name: str,
     SYS_PTRACE, read-only root filesystem). The Helm chart charts/vgpu-patch-agent renders the same objects.
     With --json the manifests are printed as one JSON document (a v1 List when there are several).
     """
-    from ..daemonset import (
+    from ..errors import UsageError
+    from ..k8s.daemonset import (
         AllowedSigners,
         DaemonSetOptions,
         ImageRef,
@@ -106,7 +107,6 @@ def cli(image: str | None, image_pull_policy: str, namespace: str, name: str,
         render_all,
         render_yaml,
     )
-    from ..errors import UsageError
 
     if write_chart is not None:
         write_chart.mkdir(parents=True, exist_ok=True)

@@ -9,8 +9,8 @@ from pathlib import Path
 import click
 
 from ..cli_options import verbose_option
-from ..demo import prepare_node
 from ..errors import EXIT_FAILED, EXIT_OK, VgpuPatchError
+from ..shim_build.standin import prepare_node
 
 EPILOG = """\b
 Examples:
@@ -27,8 +27,8 @@ step's code.
 
 def _step(args: list[str]) -> int:
     from .. import verbosity
-    from ..cli import cli  # late: cli imports this module through its command table
 
+    cli = click.get_current_context().find_root().command  # the `vgpu-patch` group running this demo
     if verbosity.level():  # each step is a run of its own: pass the demo's -v on, visibly
         args = ["-" + "v" * verbosity.level(), *args]
     click.secho(f"\n$ vgpu-patch {' '.join(shlex.quote(a) for a in args)}", bold=True, err=True)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import click
 
-from .. import provenance, verbosity
+from .. import verbosity
 from ..cli_options import (
     allowed_signers_option,
     dry_run_option,
@@ -19,8 +19,12 @@ from ..deploy.candidate import inspect, verify_expected
 from ..deploy.cli_targets import default_operator, policy_from, progress, resolve_targets
 from ..deploy.fleet import run_fleet, stop_requested
 from ..deploy.render import plan_listing, swap_table
-from ..deploy.swap import DEFAULT_TOOL, SwapRequest, swap
-from ..signing import verified
+from ..deploy.request import DEFAULT_TOOL, SwapRequest
+from ..deploy.swap import SwapResult, swap
+from ..deploy.targets import HostSpec
+from ..release import provenance
+from ..release.signing import verified
+from ..transport.base import Transport
 
 EPILOG = """\b
 Examples:
@@ -74,11 +78,11 @@ def cli(file: str, install: bool, check: bool, expect_sha256: str | None, operat
     prov = provenance.verified(cand.path, cand.sha256, allowed_signers, shown=cand.source) if allowed_signers else None
     targets = resolve_targets(kw)
     policy = policy_from(kw, len(targets.specs))
-    req = SwapRequest(operator or default_operator(), "deploy", cand, tool=DEFAULT_TOOL, install=install, check=check,
-                      stale=stale, dry_run=dry_run, should_stop=stop_requested,
+    req = SwapRequest(operator=operator or default_operator(), action="deploy", candidate=cand, tool=DEFAULT_TOOL,
+                      install=install, check=check, stale=stale, dry_run=dry_run, should_stop=stop_requested,
                       signature=signature)  # once: the candidate inspected once; its signature kept on each node
 
-    def op(t, spec):
+    def op(t: Transport, spec: HostSpec) -> tuple[str, SwapResult]:
         r = swap(t, req.at(targets.dir_for(spec)))
         return ("changed" if r.changed else "pending" if r.pending else "unchanged"), r
 

@@ -39,7 +39,7 @@ def cli(base: str, library: Path, tag: str | None, version: str | None, builder:
     puts ours back, for good. --dry-run prints the Containerfile and the build command.
     """
     from ..agent.image import default_manifest, verify_image
-    from ..plugin_image import CONTAINERFILE, Plan, build, default_tag, pick_builder, read_version
+    from ..k8s.plugin_image import CONTAINERFILE, Plan, build, default_tag, pick_builder, read_version
 
     existing_path("library", library)
     lib = verify_image(library)  # our build, exactly what its manifest names

@@ -7,7 +7,7 @@ import click
 
 from .. import verbosity
 from ..cli_options import emit_json, json_option, verbose_option
-from ..region import Region, read_region
+from ..shim.region import Region, read_region
 
 
 def _mib(n: int) -> str:

@@ -18,8 +18,11 @@ from ..cli_options import (
 from ..deploy.cli_targets import default_operator, policy_from, progress, resolve_targets
 from ..deploy.fleet import run_fleet, stop_requested
 from ..deploy.render import plan_listing, swap_table
-from ..deploy.swap import DEFAULT_TOOL, SwapRequest, swap
+from ..deploy.request import DEFAULT_TOOL, SwapRequest
+from ..deploy.swap import SwapResult, swap
+from ..deploy.targets import HostSpec
 from ..errors import UsageError
+from ..transport.base import Transport
 
 EPILOG = """\b
 Examples:
@@ -60,10 +63,10 @@ def cli(to_sha256: str, yes: bool, operator: str | None, stale: bool, dry_run: b
     if not (yes or dry_run):
         names = ", ".join(s.name for s in targets.specs[:5]) + (" ..." if len(targets.specs) > 5 else "")
         click.confirm(f"Roll back the library on {len(targets.specs)} node(s) ({names})?", abort=True, err=True)
-    req = SwapRequest(operator or default_operator(), "rollback", to_sha256=to_sha256, tool=DEFAULT_TOOL, stale=stale,
-                      dry_run=dry_run, should_stop=stop_requested)
+    req = SwapRequest(operator=operator or default_operator(), action="rollback", to_sha256=to_sha256,
+                      tool=DEFAULT_TOOL, stale=stale, dry_run=dry_run, should_stop=stop_requested)
 
-    def op(t, spec):
+    def op(t: Transport, spec: HostSpec) -> tuple[str, SwapResult]:
         r = swap(t, req.at(targets.dir_for(spec)))
         return ("changed" if r.changed else "pending" if r.pending else "unchanged"), r
 

@@ -7,8 +7,10 @@ from ..cli_options import emit_json, json_option, target_options, verbose_option
 from ..deploy.cli_targets import progress, resolve_targets
 from ..deploy.fleet import run_fleet
 from ..deploy.render import status_table
-from ..deploy.swap import node_status
+from ..deploy.swap import NodeStatus, node_status
+from ..deploy.targets import HostSpec
 from ..errors import EXIT_OK, EXIT_REPLACED, DeployError
+from ..transport.base import Transport
 
 EPILOG = """\b
 Examples:
@@ -39,7 +41,7 @@ def cli(history: int, as_json: bool, parallel: int, **kw: object) -> None:
 
     from ..k8s.procmap import stale_table, with_pods
 
-    def op(t, spec):
+    def op(t: Transport, spec: HostSpec) -> tuple[str, NodeStatus]:
         st = node_status(t, targets.dir_for(spec), history=history)
         if st.state_unsafe:  # its backups and history were not read: the node's state is unknown, and says why
             raise DeployError(f"{t.name}:{st.target_dir}: {st.problem}")
@@ -50,7 +52,7 @@ def cli(history: int, as_json: bool, parallel: int, **kw: object) -> None:
         fleet = run_fleet(targets.specs, op, targets.connect, parallel=parallel, canary=0, keep_going=True,
                           on_done=done)
     for o in fleet.outcomes:  # e.g. undecodable history lines that were skipped: on stderr, never fatal
-        for w in getattr(o.result, "warnings", None) or []:
+        for w in o.result.warnings if o.result is not None else []:
             click.echo(f"vgpu-patch: warning: {o.node}: {w}", err=True)
     if as_json:
         emit_json(fleet.to_dict())
@@ -58,6 +60,6 @@ def cli(history: int, as_json: bool, parallel: int, **kw: object) -> None:
         status_table(fleet)
         stale_table(fleet)
     code = fleet.exit_code()
-    if code == EXIT_OK and any(getattr(o.result, "replaced_outside", False) for o in fleet.outcomes):
+    if code == EXIT_OK and any(o.result is not None and o.result.replaced_outside for o in fleet.outcomes):
         code = EXIT_REPLACED
     raise SystemExit(code)

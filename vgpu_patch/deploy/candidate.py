@@ -14,14 +14,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
-from ..digest import sha256_file
 from ..elf.facts import image, read_facts
 from ..elf.glibc import requirements_of
 from ..elf.reader import MAX_BYTES
 from ..errors import ElfError
-from ..provenance import MAX_BYTES as STATEMENT_MAX
-from ..provenance import statement_path
-from ..signing import signature_path
+from ..release.digest import sha256_file
+from ..release.provenance import MAX_BYTES as STATEMENT_MAX
+from ..release.provenance import statement_path
+from ..release.signing import signature_path
 
 __all__ = ["MACHINES", "OURS_RE", "Candidate", "inspect", "parse_glibc", "sha256_file", "snapshot",
            "verify_expected"]
@@ -107,7 +107,7 @@ def snapshot(source: Path | str, role: str = "candidate") -> Snapshot:
             raise ElfError(f"{role} {source} changed size while being read ({st.st_size} -> {size} bytes): "
                            "a writer is still at work on it (or it is a special file); rerun once it is whole")
         _copy_beside(signature_path(source), signature_path(copy), SIG_MAX)
-        # the build's provenance statement and its signature (vgpu_patch/provenance.py), read once the same way
+        # the build's provenance statement and its signature (vgpu_patch/release/provenance.py), read once the same way
         _copy_beside(statement_path(source), statement_path(copy), STATEMENT_MAX)
         _copy_beside(signature_path(statement_path(source)), signature_path(statement_path(copy)), SIG_MAX)
     except BaseException:

@@ -8,15 +8,16 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import click
 
 from ..errors import UsageError
 from ..transport.base import Transport
 from .fleet import NodeOutcome, Policy
-from .swap import DEFAULT_DIR
-from .targets import HostSpec, SSHSettings, load_inventory, load_ssh_config, make_transport, parse_host
+from .inventory import load_inventory
+from .request import DEFAULT_DIR
+from .targets import HostSpec, SSHSettings, load_ssh_config, make_transport, parse_host
 
 
 @dataclass
@@ -109,7 +110,7 @@ def default_operator() -> str:
 
 
 @contextmanager
-def progress(total: int, label: str) -> Iterator[Callable[[NodeOutcome], None]]:
+def progress(total: int, label: str) -> Iterator[Callable[[NodeOutcome[Any]], None]]:
     """A progress bar on stderr when it is a terminal; a silent callback otherwise."""
     if total < 2 or not sys.stderr.isatty():
         yield lambda o: None
@@ -121,7 +122,7 @@ def progress(total: int, label: str) -> Iterator[Callable[[NodeOutcome], None]]:
                   console=Console(file=sys.stderr), transient=True) as bar:
         task = bar.add_task(label, total=total)
 
-        def done(o: NodeOutcome) -> None:
+        def done(o: NodeOutcome[Any]) -> None:
             bar.advance(task)
             if o.status == "failed":
                 bar.console.print(f"[red]{o.node}: {o.error}[/]")

@@ -13,18 +13,20 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Generic, TypeVar
 
 from ..errors import EXIT_FAILED, EXIT_OK, EXIT_PARTIAL, FleetError, StopRequested, UsageError, VgpuPatchError
 from ..transport.base import Transport
 from .targets import HostSpec
 
+R = TypeVar("R")  # what the operation returns for one node: a SwapResult (deploy, rollback), a NodeStatus (status)
+
 
 @dataclass
-class NodeOutcome:
+class NodeOutcome(Generic[R]):
     node: str
     status: str  # changed | unchanged | pending | ok | failed | skipped
-    result: object = None  # SwapResult or NodeStatus
+    result: R | None = None  # None when the node failed or was skipped
     error: str | None = None
     error_type: str | None = None
     seconds: float = 0.0
@@ -34,25 +36,25 @@ class NodeOutcome:
         return self.status in ("changed", "unchanged", "pending", "ok")
 
     def to_dict(self) -> dict:
-        res = self.result.to_dict() if hasattr(self.result, "to_dict") else None
+        res = self.result.to_dict() if self.result is not None and hasattr(self.result, "to_dict") else None
         return {"node": self.node, "status": self.status, "error": self.error, "error_type": self.error_type,
                 "seconds": round(self.seconds, 3), "result": res}
 
 
 @dataclass
-class FleetResult:
-    outcomes: list[NodeOutcome] = field(default_factory=list)
+class FleetResult(Generic[R]):
+    outcomes: list[NodeOutcome[R]] = field(default_factory=list)
 
     @property
-    def succeeded(self) -> list[NodeOutcome]:
+    def succeeded(self) -> list[NodeOutcome[R]]:
         return [o for o in self.outcomes if o.succeeded]
 
     @property
-    def failed(self) -> list[NodeOutcome]:
+    def failed(self) -> list[NodeOutcome[R]]:
         return [o for o in self.outcomes if o.status == "failed"]
 
     @property
-    def skipped(self) -> list[NodeOutcome]:
+    def skipped(self) -> list[NodeOutcome[R]]:
         return [o for o in self.outcomes if o.status == "skipped"]
 
     def exit_code(self, *, dry_run: bool = False) -> int:
@@ -84,7 +86,7 @@ class FleetResult:
         return {"nodes": [o.to_dict() for o in self.outcomes], "counts": counts}
 
 
-Op = Callable[[Transport, HostSpec], "tuple[str, object]"]
+Op = Callable[[Transport, HostSpec], "tuple[str, R]"]
 
 _current = threading.local()
 
@@ -157,21 +159,21 @@ def _size(text: str, n: int, opt: str, *, zero_ok: bool = False) -> int:
 
 def run_fleet(
     specs: Sequence[HostSpec],
-    op: Op,
+    op: Op[R],
     connect: Callable[[HostSpec], Transport],
     *,
     parallel: int = 10,
     canary: int | None = None,
     keep_going: bool = False,
-    on_done: Callable[[NodeOutcome], None] | None = None,
+    on_done: Callable[[NodeOutcome[R]], None] | None = None,
     policy: Policy | None = None,
     sleep: Callable[[float], None] = time.sleep,
-) -> FleetResult:
+) -> FleetResult[R]:
     """Apply `op` (returns (status, result)) to every node, batch after batch (see the module docstring)."""
     policy = policy or Policy.from_options(n=len(specs), batch=None, canary=canary, max_fail=None,
                                            keep_going=keep_going)
     stop = threading.Event()
-    outcomes: dict[int, NodeOutcome] = {}
+    outcomes: dict[int, NodeOutcome[R]] = {}
     lock = threading.Lock()
     failed = {"total": 0, "batch": 0}
     batches = policy.plan(len(specs))

@@ -38,7 +38,7 @@ def _ansible() -> Any:
 
         from ansible import constants  # type: ignore[import-untyped,attr-defined,unused-ignore]
     except ImportError as e:
-        from ..install import extra_hint
+        from ..release.install import extra_hint
 
         raise UsageError(
             f"--inventory needs ansible-core to read the inventory as Ansible does ({e}): "

@@ -7,14 +7,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from ..errors import DeployError
 from .candidate import Candidate
 from .facts import LIB, STATE, LibFile, NodeFacts
-
-if TYPE_CHECKING:
-    from .swap import SwapRequest
+from .request import SwapRequest
 
 # Room kept free beyond what the swap writes, so the node is never filled to the last block.
 SPACE_MARGIN = 1 << 20

@@ -5,14 +5,14 @@ rich is imported when a table is drawn: a `--json` run never pays for it.
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
 from .fleet import FleetResult
 
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from .swap import NodeStatus
+    from .swap import NodeStatus, SwapResult
 
 _STYLE = {"changed": "green", "unchanged": "cyan", "ok": "green", "pending": "yellow", "failed": "bold red",
           "skipped": "dim"}
@@ -29,7 +29,7 @@ def _short(sha: str | None) -> str:
     return sha[:12] if sha else "-"
 
 
-def swap_table(fleet: FleetResult, title: str) -> None:
+def swap_table(fleet: FleetResult[SwapResult], title: str) -> None:
     from rich.table import Table
 
     table = Table(title=title, title_justify="left")
@@ -37,21 +37,20 @@ def swap_table(fleet: FleetResult, title: str) -> None:
         table.add_column(col, overflow="fold")
     for o in fleet.outcomes:
         r = o.result
-        stale = len(getattr(r, "stale_pids", []) or [])
+        stale = len(r.stale_pids) if r is not None else 0
         detail = o.error or ""
         if r is not None and not detail:
-            plan = getattr(r, "plan", [])
             if o.status == "pending":
-                detail = "; ".join(s.text for s in plan if s.kind not in ("prepare", "report"))
-            elif plan and plan[0].kind == "noop":
-                detail = plan[0].text
-            elif getattr(r, "path", None):
-                detail = str(getattr(r, "path", ""))
+                detail = "; ".join(s.text for s in r.plan if s.kind not in ("prepare", "report"))
+            elif r.plan and r.plan[0].kind == "noop":
+                detail = r.plan[0].text
+            elif r.path:
+                detail = r.path
         table.add_row(
             o.node,
             f"[{_STYLE.get(o.status, '')}]{o.status}[/]",
-            _short(getattr(r, "from_sha256", None)),
-            _short(getattr(r, "to_sha256", None)),
+            _short(r.from_sha256 if r is not None else None),
+            _short(r.to_sha256 if r is not None else None),
             f"{stale} process(es)" if stale else "-",
             f"{o.seconds:.2f}",
             detail,
@@ -61,7 +60,7 @@ def swap_table(fleet: FleetResult, title: str) -> None:
     _console().print(", ".join(f"{k}: {v}" for k, v in sorted(counts.items())))
 
 
-def plan_listing(fleet: FleetResult, title: str, *, commands: bool = False) -> None:
+def plan_listing(fleet: FleetResult[SwapResult], title: str, *, commands: bool = False) -> None:
     """`--dry-run`: per node, the numbered steps that would run (as `terraform plan` and `ansible --check` show
     them); with `commands`, each step's shell under it. `--dry-run --json` carries the same steps."""
     import shutil
@@ -72,15 +71,15 @@ def plan_listing(fleet: FleetResult, title: str, *, commands: bool = False) -> N
     for o in fleet.outcomes:
         r = o.result
         head = f"{o.node}: {o.status}"
-        if getattr(r, "to_sha256", None):
-            head += f", {_short(getattr(r, 'from_sha256', None))} -> {_short(getattr(r, 'to_sha256', None))}"
-        if getattr(r, "path", None):
-            head += f" ({getattr(r, 'path', '')})"
+        if r is not None and r.to_sha256:
+            head += f", {_short(r.from_sha256)} -> {_short(r.to_sha256)}"
+        if r is not None and r.path:
+            head += f" ({r.path})"
         out += ["", head]
         if o.error:
             out += textwrap.wrap(o.error, width, initial_indent="  ", subsequent_indent="  ")
             continue
-        plan = list(getattr(r, "plan", None) or [])
+        plan = list(r.plan) if r is not None else []
         if plan and plan[0].kind == "noop":
             out += textwrap.wrap(plan[0].text, width, initial_indent="  ", subsequent_indent="  ")
             continue
@@ -100,7 +99,7 @@ def plan_listing(fleet: FleetResult, title: str, *, commands: bool = False) -> N
     print("\n".join([*out, "", summary]))
 
 
-def status_table(fleet: FleetResult) -> None:
+def status_table(fleet: FleetResult[NodeStatus]) -> None:
     from rich.table import Table
 
     table = Table(title="vgpu-patch status", title_justify="left")
@@ -108,7 +107,7 @@ def status_table(fleet: FleetResult) -> None:
                 "note"):
         table.add_column(col, overflow="fold")
     for o in fleet.outcomes:
-        s = cast("NodeStatus | None", o.result)
+        s = o.result
         if s is None:
             table.add_row(o.node, "-", "-", "-", "-", "-", "-", "-", f"[bold red]{o.error}[/]")
             continue

@@ -12,61 +12,21 @@ import contextlib
 import json
 import secrets
 import shlex
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from .. import __version__
 from ..errors import DeployError, IntegrityError, LockedError, StopRequested, UsageError, VgpuPatchError
-from ..signing import Signature
 from ..transport.base import Result, Transport, first_line
 from . import facts as F
 from . import script as S
 from .candidate import Candidate, inspect
 from .ops import Step, plan_swap, preflight
-
-DEFAULT_DIR = "/usr/local/vgpu"
-DEFAULT_TOOL = f"vgpu-patch {__version__}"
+from .request import DEFAULT_DIR, DEFAULT_TOOL, SwapHooks, SwapRequest
 
 _LOCKED, _MISMATCH, _NOLOAD, _VERIFY, _WRITE, _UNSAFE = (
     S.LOCKED, S.MISMATCH, S.NOLOAD, S.VERIFY, S.WRITE, S.UNSAFE)
 UPLOAD_DIR = "/tmp"
-
-
-@dataclass
-class SwapHooks:
-    """Test seams: `after_upload(real_path)` runs between upload and the swap; `in_lock` is sh run holding the lock."""
-
-    after_upload: Callable[[str], None] | None = None
-    in_lock: str = ""
-
-
-@dataclass(frozen=True)
-class SwapRequest:
-    """One swap, built once by its caller (the CLI per run, the agent at start) and taken down one path: what
-    goes live (an inspected candidate, or a backup for a rollback), where, as whom, and how."""
-
-    operator: str
-    action: str = "deploy"  # deploy | reapply: `candidate` goes live; rollback: the backup `to_sha256` names
-    candidate: Candidate | None = None
-    to_sha256: str | None = None  # rollback: previous | vendor | a backup's sha256 (6+ hex)
-    target_dir: str = DEFAULT_DIR
-    tool: str = DEFAULT_TOOL
-    install: bool = False  # install where the directory has no library yet
-    check: bool = False  # run `check` on the candidate against the live file first
-    stale: bool = False  # also list the processes still mapping the old library (reads every maps file)
-    dry_run: bool = False
-    hooks: SwapHooks | None = None
-    should_stop: Callable[[], bool] | None = None
-    signature: Signature | None = None  # the candidate's verified signature: the node keeps it (keep_signature)
-
-    @property
-    def node_dir(self) -> str:
-        return self.target_dir.rstrip("/") or "/"
-
-    def at(self, target_dir: str) -> SwapRequest:
-        """The same request for another node's library directory."""
-        return replace(self, target_dir=target_dir)
 
 
 # the caller's judgement after the probe (the agent's policy): the request to carry out, or None for nothing
@@ -245,8 +205,9 @@ def deploy_file(
     stale: bool = False,
 ) -> SwapResult:
     """Swap `source` in as the node's live library: `swap()` with a request for it (see SwapRequest)."""
-    return swap(t, SwapRequest(operator, action, inspect(source), None, target_dir, tool, install, check, stale,
-                               dry_run, hooks, should_stop))
+    return swap(t, SwapRequest(operator=operator, action=action, candidate=inspect(source), target_dir=target_dir,
+                               tool=tool, install=install, check=check, stale=stale, dry_run=dry_run, hooks=hooks,
+                               should_stop=should_stop))
 
 
 def swap(t: Transport, req: SwapRequest, *, judge: Judge | None = None) -> SwapResult:
@@ -369,8 +330,8 @@ def rollback(
 ) -> SwapResult:
     """Restore a recorded backup the same atomic way, verified by sha256 and byte for byte: `swap()` with a
     rollback request."""
-    return swap(t, SwapRequest(operator, "rollback", None, to_sha256, target_dir, tool, stale=stale, dry_run=dry_run,
-                               hooks=hooks, should_stop=should_stop))
+    return swap(t, SwapRequest(operator=operator, action="rollback", to_sha256=to_sha256, target_dir=target_dir,
+                               tool=tool, stale=stale, dry_run=dry_run, hooks=hooks, should_stop=should_stop))
 
 
 def _rollback(t: Transport, session: _Session, facts: F.NodeFacts, live: F.LibFile | None,
@@ -441,5 +402,4 @@ def node_status(t: Transport, target_dir: str = DEFAULT_DIR, *, history: int = 5
     )
 
 
-__all__ = ["Candidate", "NodeStatus", "SwapHooks", "SwapRequest", "SwapResult", "deploy_file", "node_status",
-           "rollback", "swap"]
+__all__ = ["Candidate", "NodeStatus", "SwapResult", "deploy_file", "node_status", "rollback", "swap"]

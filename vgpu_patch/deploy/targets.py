@@ -1,4 +1,5 @@
-"""Which nodes to act on (`--host` specs, Ansible inventories, `--local`) and how to reach them.
+"""Which nodes to act on (`--host` specs, `--local`) and how to reach them. Ansible inventories are read by
+inventory.py into the same HostSpec (it imports this module, never the other way round).
 
 Precedence for each setting, as with ssh and Ansible: what the host spec or the inventory says (passed
 to OpenSSH as command-line options), then the ssh config as `ssh -G` resolves it, then OpenSSH's defaults.
@@ -46,14 +47,6 @@ def parse_host(text: str) -> HostSpec:
     port = int(m.group("port")) if m.group("port") else None
     name = text.strip()
     return HostSpec(name=name, hostname=host, port=port, user=m.group("user"))
-
-
-# -- Ansible inventories: read by ansible-core itself (inventory.py) ------------------------------
-def load_inventory(path: Path | str | list[str | Path], limit: str | None = None) -> list[HostSpec]:
-    """Hosts of an Ansible inventory narrowed by `--limit`, exactly as Ansible selects them (inventory.py)."""
-    from .inventory import load_inventory as load
-
-    return load(path, limit)
 
 
 # -- ssh_config and transports --------------------------------------------------------------------

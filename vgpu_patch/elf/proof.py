@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import BuildError
-from ..install import extra_hint
+from ..release.install import extra_hint
 from . import facts as elf_facts
 from .glibc import release_of, requirements_of, version_key
 

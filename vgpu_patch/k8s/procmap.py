@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
+from ..deploy.fleet import FleetResult
 from ..deploy.swap import NodeStatus
 from ..transport.base import Transport
 from .cgroup import PodRef, parse_cgroup
@@ -180,14 +181,15 @@ def with_pods(t: Transport, status: NodeStatus) -> NodeStatusWithPods:
     return NodeStatusWithPods(**{f.name: getattr(status, f.name) for f in fields(status)}, stale_processes=rows)
 
 
-def stale_table(fleet: object) -> None:
+def stale_table(fleet: FleetResult[NodeStatus]) -> None:
     """A second `status` table: every process still on an old library, with its pod and container."""
     import sys
 
     from rich.console import Console
     from rich.table import Table
 
-    rows = [(o.node, p) for o in getattr(fleet, "outcomes", []) for p in getattr(o.result, "stale_processes", [])]
+    rows = [(o.node, p) for o in fleet.outcomes if isinstance(o.result, NodeStatusWithPods)
+            for p in o.result.stale_processes]
     if not rows:
         return
     table = Table(title="processes still on an old library (restart their containers)", title_justify="left")

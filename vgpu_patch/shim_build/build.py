@@ -25,11 +25,11 @@ from pathlib import Path
 from typing import Any
 
 from .. import __version__, verbosity
-from ..digest import sha256_file
 from ..elf import proof
 from ..errors import BuildError, UsageError
-from ..provenance import statement_path
-from ..signing import signature_path
+from ..release.digest import sha256_file
+from ..release.provenance import statement_path
+from ..release.signing import signature_path
 from . import headers, manifest, toolchain
 from .sources import HOOKS_DEF_PLACES, c_src_dir, find_hooks_def
 from .surface import exported_names

@@ -67,7 +67,7 @@ def find_header_dirs(toolkits: list[Path] | None = None, wheels: list[Path] | No
     if cuda and nvml:
         return [cuda[0].resolve(), nvml[0].resolve()]
     tried = ", ".join(str(d) for d in cands) or "no candidate directories"
-    from ..install import extra_hint
+    from ..release.install import extra_hint
 
     raise BuildError(
         "CUDA/NVML headers not found (need cuda.h and nvml.h; tried " + tried + "): "

@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from ..digest import sha256_file
+from ..release.digest import sha256_file
 
 __all__ = ["SCHEMA", "read", "sha256_file", "source_files", "source_hash", "write"]
 

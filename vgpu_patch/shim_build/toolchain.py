@@ -31,7 +31,7 @@ DEFAULT_FLOOR = "2.28"
 
 def build_extra() -> str:
     """The [build] extra (zig and the CUDA/NVML headers), with the pip command that works for this install."""
-    from ..install import extra_hint
+    from ..release.install import extra_hint
 
     return extra_hint("build")
 

@@ -10,9 +10,9 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from .elf.reference import reference_surface
-from .errors import BuildError
-from .shim_build import toolchain
+from ..elf.reference import reference_surface
+from ..errors import BuildError
+from . import toolchain
 
 VENDOR_DIR = "usr/local/vgpu"
 

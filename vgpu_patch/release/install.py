@@ -50,7 +50,7 @@ def _direct_url() -> dict | None:
 
 def _checkout_of_this_module() -> Path | None:
     """The source tree this module is running from, when it is one (a pyproject.toml beside the package)."""
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]  # vgpu_patch/release/install.py: the tree holding vgpu_patch/
     return root if (root / "pyproject.toml").is_file() and (root / "vgpu_patch").is_dir() else None
 
 
@@ -113,8 +113,8 @@ def extra_hint(extra: str) -> str:
 
 def version_text() -> str:
     """`vgpu-patch --version`: the tool, where it came from (with the commit when known), the shim it builds."""
-    from . import __version__
-    from .region import MAJOR, MINOR
+    from .. import __version__
+    from ..shim.region import MAJOR, MINOR
 
     o = origin()
     source = {"checkout": f"checkout {o.where}", "wheel": f"wheel {o.where}", "git": f"git {o.where}",

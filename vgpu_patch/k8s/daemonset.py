@@ -20,8 +20,8 @@ import textwrap
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from . import __version__
-from .errors import UsageError
+from .. import __version__
+from ..errors import UsageError
 
 IMAGE_LIB_DIR = "/opt/vgpu-patch"
 HOST_ROOT = "/host"
@@ -517,7 +517,7 @@ def chart_files() -> dict[str, str]:
     """The generated files of the chart (relative path -> text); the templates themselves are hand-written."""
     import yaml
 
-    head = "# Generated from vgpu_patch/daemonset.py (DaemonSetOptions) by `vgpu-patch daemonset --write-chart`.\n"
+    head = "# Generated from vgpu_patch/k8s/daemonset.py (DaemonSetOptions) by `vgpu-patch daemonset --write-chart`.\n"
     values = head + "# Each key is an option of `vgpu-patch daemonset`; the namespace is the release's (helm -n).\n"
     for key, value in chart_values().items():
         values += "\n" + "".join(f"# {line}\n" for line in textwrap.wrap(VALUE_HELP[key], 116))
