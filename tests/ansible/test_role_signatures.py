@@ -134,7 +134,7 @@ def test_the_builds_provenance_is_checked_shown_and_kept_as_a_fact(nodes: list[N
     private copy as the library, by the CLI's own rule; what it states is shown and kept in
     `vgpu_patch_provenance`; a statement changed after signing, naming other bytes, signed by a key not allowed
     or not signed stops the run with the node untouched."""
-    from vgpu_patch import provenance
+    from vgpu_patch.release import provenance
 
     ours, theirs, allowed = keys
     node = nodes[0]
