@@ -42,7 +42,7 @@
  *    beside a 70 took its whole 0.30 and left the 70 0.33. So a batch (the launches from one that
  *    finds our queue drained to the wait that drains it again) that fits in one time slice and met
  *    another container busy is charged the time it waited for the GPU beyond its kernels' own time,
- *    at most the turn's cost as this process has seen it (the 10th percentile of its last WAITS such
+ *    at most the turn's cost as this process has seen it (the second least of its last WAITS such
  *    waits: the least wait is one turn, the rest is the other's work). Processes of one container
  *    are not charged their turns to each other (the board's tag): their limit is shared anyway.
  * 3. Budget. One token bucket per container and device (bucket.c, in the region: every process of
@@ -680,7 +680,7 @@ launch:
     __atomic_fetch_add(&st->batch_n, 1, __ATOMIC_RELAXED);
 }
 
-/* mu held: the turn's cost as we have seen it, the 10th percentile of the last waits; -1 too few yet */
+/* mu held: the turn's cost as we have seen it, the second least of the last waits (their noise only adds: the launch, the wake-up); -1 too few yet */
 static long long turn_cost(struct dev_state *st)
 {
     long long w[WAITS], x;
@@ -694,7 +694,7 @@ static long long turn_cost(struct dev_state *st)
             w[j] = w[j - 1];
         w[j] = x;
     }
-    return w[n / 10];
+    return w[n / 32];
 }
 
 /* mu held: the turn's cost, charged to a batch of n launches that met another container busy */
