@@ -38,7 +38,7 @@ static uint64_t min_u64(uint64_t a, uint64_t b)
 static void vgpu_overhead_report(int dev)
 {
     vgpu_overhead_ensure(dev);
-    vgpu_overhead_refresh(dev, 0);
+    vgpu_overhead_refresh(dev, 0, vgpu_budget_limit_peek(dev));
 }
 
 /* free as the container sees it: what is left of its limit, and never more than the device has */
