@@ -78,7 +78,7 @@ static CUresult charge(int dev, uint64_t bytes, int log)
     limit = vgpu_budget_limit(dev);
     /* measured with nothing of ours in flight (a reading waits for what is: accounting/budget.c) */
     if (VGPU_UNLIKELY(near_limit(dev, bytes, limit)))
-        measured = vgpu_overhead_refresh(dev, 0, limit);
+        measured = vgpu_overhead_refresh(dev, VGPU_REFRESH_CHARGE, limit);
     vgpu_budget_ahead(dev, bytes); /* until vgpu_budget_landed: charged, maybe not yet held by the driver */
     if (VGPU_LIKELY(vgpu_budget_reserve(dev, bytes, limit) == 0))
         return CUDA_SUCCESS;
@@ -87,7 +87,7 @@ static CUresult charge(int dev, uint64_t bytes, int log)
      * once per refusal: NVML may take 200 ms a call) */
     vgpu_pool_settle_dev(dev);
     if (!measured)
-        vgpu_overhead_refresh(dev, 1, limit);
+        vgpu_overhead_refresh(dev, VGPU_REFRESH_FORCE | VGPU_REFRESH_CHARGE, limit);
     vgpu_budget_ahead(dev, bytes);
     if (vgpu_budget_reserve(dev, bytes, limit) == 0)
         return CUDA_SUCCESS;

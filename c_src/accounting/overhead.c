@@ -38,6 +38,10 @@
 #define PROBE_INTERVAL_NS 100000000ull     /* 100 ms between probes that found nothing */
 #define SLACK (64ull << 20)                 /* NVML showing this much less than we hold is not news */
 #define PAUSE_LISTING_NS 1000000ull         /* listings slower than this are made without pausing charges */
+/* A listing this young is the figure: a refusal, a report and the limiter's census use it rather than
+ * list again (NVML may take 200 ms a call). As young as measurements near the limit are apart, so a
+ * figure is never older than the 20 ms the reports promise. */
+#define FRESH_NS 20000000ull
 
 
 /* A device's state, split by who may touch it. */
@@ -49,6 +53,10 @@ struct dev_seen { /* read and written without the lock (atomics): what other thr
     uint64_t ctx_cost;   /* what this process's last context creation took, measured (0: none yet) */
     uint64_t standin;    /* charged for contexts and streams being made, until measured: not an allocation */
     uint64_t room;       /* charged for the identity probe while our entry is unknown (set under the lock) */
+    uint64_t fresh_ns;   /* when the last measurement ended */
+    uint64_t charge_ns;  /* fresh_ns of the last one made for a charge (near the limit, or refusing) */
+    int procs;           /* how many processes the last listing showed (-1: it failed) */
+    uint64_t procs_ns;   /* when it ended (0: no listing yet) */
 };
 struct dev_books { /* the measurement's own books, under lock */
     pthread_mutex_t lock;
@@ -120,14 +128,19 @@ static nvmlDevice_t nvml_of(int dev)
     return h;
 }
 
-/* the device's compute processes; count, or -1 when NVML cannot tell */
-static int list_procs(nvmlDevice_t h, nvmlProcessInfo_t *out)
+/* the device's compute processes; count, or -1 when NVML cannot tell. Every listing is made with the
+ * device's lock held, so there is never more than one in flight per device; its count serves the
+ * limiter's census (vgpu_overhead_gpu_procs) while it is fresh. */
+static int list_procs(int dev, nvmlDevice_t h, nvmlProcessInfo_t *out)
 {
     unsigned n = MAX_PROCS;
+    int count = -1;
 
-    if (!list_fn || list_fn(h, &n, out) != NVML_SUCCESS)
-        return -1;
-    return (int)(n > MAX_PROCS ? MAX_PROCS : n);
+    if (list_fn && list_fn(h, &n, out) == NVML_SUCCESS)
+        count = (int)(n > MAX_PROCS ? MAX_PROCS : n);
+    __atomic_store_n(&seen[dev].procs, count, __ATOMIC_RELAXED);
+    __atomic_store_n(&seen[dev].procs_ns, now_ns(), __ATOMIC_RELEASE);
+    return count;
 }
 
 static int device_used(nvmlDevice_t h, unsigned long long *used)
@@ -249,7 +262,7 @@ static void list_into(int dev, nvmlDevice_t h, struct listing *l, int pause)
     l->before = charges(dev, &ahead);
     l->low = l->before > ahead ? l->before - ahead : 0;
     t0 = now_ns();
-    l->n = list_procs(h, l->procs);
+    l->n = list_procs(dev, h, l->procs);
     books[dev].listing_ns = now_ns() - t0;
     l->after = charges(dev, &ahead);
     if (pause)
@@ -285,7 +298,7 @@ static unsigned probe_once(int dev, nvmlDevice_t h, CUdevice d, struct listing *
     prop.location.id = d;
     if (pause)
         vgpu_budget_pause(dev);
-    nb = list_procs(h, other);
+    nb = list_procs(dev, h, other);
     if (nb >= 0 && REAL(cuMemCreate)(&mem, PROBE_BYTES, &prop, 0) == CUDA_SUCCESS) {
         list_into(dev, h, l, 0);
         nd = l->n;
@@ -294,7 +307,7 @@ static unsigned probe_once(int dev, nvmlDevice_t h, CUdevice d, struct listing *
                 grew[ngrew++ & 3] = during[i].pid;
         REAL(cuMemRelease)(mem);
         if (ngrew && ngrew <= 4) /* more: too busy a device to tell */
-            na = list_procs(h, other);
+            na = list_procs(dev, h, other);
     }
     if (pause)
         vgpu_budget_resume(dev);
@@ -504,6 +517,7 @@ static int measure(int dev, int force_probe, uint64_t extra, uint64_t limit)
             list_into(dev, r.h, &r.l, may_pause(dev));
         r.listed = 0;
     } while ((own = judge_listing(&r)) == LIST_AGAIN);
+    __atomic_store_n(&seen[dev].fresh_ns, now_ns(), __ATOMIC_RELAXED);
     return own;
 }
 
@@ -520,20 +534,43 @@ static int measure_covering(int dev, int force_probe, uint64_t extra, uint64_t l
     return own;
 }
 
-VGPU_HIDDEN int vgpu_overhead_refresh(int dev, int force, uint64_t limit)
+static int fresh(uint64_t at_ns)
+{
+    return at_ns && now_ns() - at_ns < FRESH_NS;
+}
+
+/* A refusal (forced, for a charge) waits for the device's measurement in flight and uses its figure (it
+ * ended after the refusal asked: never a second listing beside it); it also uses the figure of the last
+ * charge's measurement within FRESH_NS while nothing was measured since (a burst of refusals pays one
+ * listing, not one each); else it measures, so what was freed behind our back (a context destroyed) is
+ * seen. Our own events that change what the driver holds (a context made or destroyed, a stream made)
+ * measure anew, never from these. */
+VGPU_HIDDEN int vgpu_overhead_refresh(int dev, int how, uint64_t limit)
 {
     struct dev_books *b;
+    uint64_t asked = now_ns(), done, charged;
+    int force = how & VGPU_REFRESH_FORCE;
 
     if (dev < 0 || dev >= VGPU_MAX_DEVICES || !limit)
         return 0;
     b = &books[dev];
-    if (!force && now_ns() - __atomic_load_n(&seen[dev].last_ns, __ATOMIC_RELAXED) < NEAR_LIMIT_INTERVAL_NS)
+    /* near the limit: at most every 20 ms from the start of the last measurement, and never within
+     * FRESH_NS of its end (a listing slower than 20 ms would otherwise be followed by the next at once) */
+    if (!force && (now_ns() - __atomic_load_n(&seen[dev].last_ns, __ATOMIC_RELAXED) < NEAR_LIMIT_INTERVAL_NS ||
+                   fresh(__atomic_load_n(&seen[dev].fresh_ns, __ATOMIC_RELAXED))))
         return 0;
     if (force)
         pthread_mutex_lock(&b->lock);
     else if (pthread_mutex_trylock(&b->lock) != 0)
         return 0; /* another thread is measuring right now */
-    measure(dev, 0, 0, limit);
+    done = __atomic_load_n(&seen[dev].fresh_ns, __ATOMIC_RELAXED);
+    charged = __atomic_load_n(&seen[dev].charge_ns, __ATOMIC_RELAXED);
+    if (!(how & VGPU_REFRESH_CHARGE) || !force || (done < asked && !(charged == done && fresh(done)))) {
+        measure(dev, 0, 0, limit);
+        if (how & VGPU_REFRESH_CHARGE)
+            __atomic_store_n(&seen[dev].charge_ns, __atomic_load_n(&seen[dev].fresh_ns, __ATOMIC_RELAXED),
+                             __ATOMIC_RELAXED);
+    }
     pthread_mutex_unlock(&b->lock);
     return 1;
 }
@@ -543,7 +580,7 @@ VGPU_HIDDEN void vgpu_overhead_ensure(int dev)
     if (dev < 0 || dev >= VGPU_MAX_DEVICES)
         return;
     if (!__atomic_load_n(&seen[dev].measured, __ATOMIC_RELAXED))
-        vgpu_overhead_refresh(dev, 1, vgpu_budget_limit_peek(dev));
+        vgpu_overhead_refresh(dev, VGPU_REFRESH_FORCE, vgpu_budget_limit_peek(dev));
     else if (!__atomic_load_n(&host_pid, __ATOMIC_RELAXED))
         vgpu_overhead_refresh(dev, 0, vgpu_budget_limit_peek(dev)); /* still estimated: NVML may list us by now */
 }
@@ -561,10 +598,9 @@ VGPU_HIDDEN uint64_t vgpu_overhead_room_wanted(int dev)
 {
     nvmlDevice_t h = nvml_of(dev);
 
-    return h && !__atomic_load_n(&seen[dev].no_list, __ATOMIC_RELAXED) && !__atomic_load_n(&host_pid, __ATOMIC_RELAXED) &&
-                   !__atomic_load_n(&seen[dev].room, __ATOMIC_RELAXED)
-               ? PROBE_BYTES
-               : 0;
+    if (!h || __atomic_load_n(&seen[dev].no_list, __ATOMIC_RELAXED) || __atomic_load_n(&host_pid, __ATOMIC_RELAXED))
+        return 0;
+    return __atomic_load_n(&seen[dev].room, __ATOMIC_RELAXED) ? 0 : PROBE_BYTES;
 }
 
 VGPU_HIDDEN void vgpu_overhead_keep_room(int dev, uint64_t room)
@@ -633,10 +669,12 @@ VGPU_HIDDEN void vgpu_overhead_forget_ctx(struct vgpu_ctx_probe *p, uint64_t lim
 {
     struct dev_books *b = &books[p->dev];
 
+    if (!limit)
+        return;
     pthread_mutex_lock(&b->lock); /* the destroyed context's delta is no longer held */
     b->fallback -= p->added < b->fallback ? p->added : b->fallback;
+    measure(p->dev, 0, 0, limit); /* what it held is gone: measured anew, never from a fresh figure */
     pthread_mutex_unlock(&b->lock);
-    vgpu_overhead_refresh(p->dev, 1, limit);
 }
 
 VGPU_HIDDEN void vgpu_overhead_measure_growth(struct vgpu_growth *g, uint64_t limit)
@@ -646,14 +684,34 @@ VGPU_HIDDEN void vgpu_overhead_measure_growth(struct vgpu_growth *g, uint64_t li
     pthread_mutex_unlock(&books[g->dev].lock);
 }
 
+/* The limiter's census, on the launch path: a fresh count is used as it is; while another thread lists
+ * (a measurement holds the lock) the last count stands in rather than a second listing; only with no
+ * count at all does a launch wait for that listing. */
 VGPU_HIDDEN int vgpu_overhead_gpu_procs(int dev)
 {
     nvmlProcessInfo_t procs[MAX_PROCS];
+    struct dev_books *b;
     nvmlDevice_t h;
+    uint64_t at;
+    int n;
 
     if (dev < 0 || dev >= VGPU_MAX_DEVICES || !(h = nvml_of(dev)))
         return -1;
-    return list_procs(h, procs);
+    b = &books[dev];
+    at = __atomic_load_n(&seen[dev].procs_ns, __ATOMIC_ACQUIRE);
+    if (fresh(at))
+        return __atomic_load_n(&seen[dev].procs, __ATOMIC_RELAXED);
+    if (pthread_mutex_trylock(&b->lock) != 0) {
+        if (at)
+            return __atomic_load_n(&seen[dev].procs, __ATOMIC_RELAXED);
+        pthread_mutex_lock(&b->lock);
+    }
+    if (fresh(__atomic_load_n(&seen[dev].procs_ns, __ATOMIC_ACQUIRE))) /* listed while we waited */
+        n = __atomic_load_n(&seen[dev].procs, __ATOMIC_RELAXED);
+    else
+        n = list_procs(dev, h, procs);
+    pthread_mutex_unlock(&b->lock);
+    return n;
 }
 
 VGPU_HIDDEN unsigned vgpu_overhead_host_pid(void)

@@ -25,9 +25,12 @@ struct vgpu_growth {
     int dev;
     uint64_t standin; /* charged before the call; 0 when none */
 };
-/* measure again (rate-limited unless force) and settle the charge; no-op without a limit (`limit`:
- * the limit in force on dev, read by the caller); 1 when it measured */
-VGPU_HIDDEN int vgpu_overhead_refresh(int dev, int force, uint64_t limit);
+/* measure again and settle the charge; no-op without a limit (`limit`: the limit in force on dev, read
+ * by the caller); 1 when it measured or had a fresh enough figure. `how`: 0 rate-limited (a report);
+ * VGPU_REFRESH_FORCE now, or from a measurement in flight; VGPU_REFRESH_CHARGE for a charge (a forced
+ * one may use the last charge's figure within 20 ms, overhead.c says when) */
+enum { VGPU_REFRESH_FORCE = 1, VGPU_REFRESH_CHARGE = 2 };
+VGPU_HIDDEN int vgpu_overhead_refresh(int dev, int how, uint64_t limit);
 /* measure once if this device was never measured (a context made before we could see it), and
  * again (rate-limited) while our NVML entry is not known yet */
 VGPU_HIDDEN void vgpu_overhead_ensure(int dev);

@@ -24,7 +24,8 @@ static void note_spare(struct vgpu_pool_op *op, uint64_t reserved, uint64_t used
 /* grow held, the insurance refused: steps of the pool's spare that nothing uses are given back to
  * make room (the pool would keep them up to its release threshold; being refused is worse). 1
  * when the reserve went down. */
-static int trim_spare(struct vgpu_pool_slot *s, struct vgpu_pool_op *op, CUmemoryPool pool, uint64_t used, uint64_t bytes)
+static int trim_spare(struct vgpu_pool_slot *s, struct vgpu_pool_op *op, CUmemoryPool pool, uint64_t used,
+                      uint64_t bytes)
 {
     uint64_t reserved;
 
@@ -129,8 +130,8 @@ VGPU_HIDDEN CUresult vgpu_pool_end(struct vgpu_pool_op *op, CUresult rc, CUdevic
             vgpu_pool_learn_step(s, reserved - op->reserved, op->shortfall);
         if (rc != CUDA_SUCCESS || reserved <= s->charged)
             vgpu_pool_settle_to(s, reserved);
-        else if (vgpu_budget_reserve(s->dev, reserved - s->charged, vgpu_budget_limit(s->dev)) == 0) /* grew by more than the step we knew */
-            s->charged = reserved;
+        else if (vgpu_budget_reserve(s->dev, reserved - s->charged, vgpu_budget_limit(s->dev)) == 0)
+            s->charged = reserved; /* grew by more than the step we knew */
         else
             rc = undo(s, op->pool, dptr, st);
     }
