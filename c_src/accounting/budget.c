@@ -92,7 +92,7 @@ VGPU_HIDDEN uint64_t vgpu_budget_limit(int dev)
         return 0;
     r = region();
     /* limits/ decides (vgpu_limit_in_force): a foreign region's 0 never lifts an env limit */
-    return r ? vgpu_region_limit(dev) : vgpu_limits_env(dev);
+    return vgpu_limit_in_force(r ? vgpu_region_stored_limit(dev) : 0, vgpu_limits_env(dev));
 }
 
 VGPU_HIDDEN uint64_t vgpu_budget_limit_peek(int dev)
@@ -100,13 +100,13 @@ VGPU_HIDDEN uint64_t vgpu_budget_limit_peek(int dev)
     if (!in_range(dev))
         return 0;
     if (__atomic_load_n(&state, __ATOMIC_ACQUIRE) == 1 && vgpu_region_get())
-        return vgpu_region_limit(dev);
+        return vgpu_limit_in_force(vgpu_region_stored_limit(dev), vgpu_limits_env(dev));
     return vgpu_limits_env(dev);
 }
 
-static int local_reserve(int dev, uint64_t bytes)
+static int local_reserve(int dev, uint64_t bytes, uint64_t limit)
 {
-    uint64_t limit = vgpu_limits_env(dev), cur;
+    uint64_t cur;
 
     if (!limit) {
         __atomic_fetch_add(&local_used[dev], bytes, __ATOMIC_RELAXED);
@@ -121,7 +121,7 @@ static int local_reserve(int dev, uint64_t bytes)
     return 0;
 }
 
-VGPU_HIDDEN int vgpu_budget_reserve(int dev, uint64_t bytes)
+VGPU_HIDDEN int vgpu_budget_reserve(int dev, uint64_t bytes, uint64_t limit)
 {
     int rc = -2;
 
@@ -130,10 +130,10 @@ VGPU_HIDDEN int vgpu_budget_reserve(int dev, uint64_t bytes)
     if (region()) {
         if (VGPU_UNLIKELY(!__atomic_load_n(&devices_known, __ATOMIC_RELAXED)))
             learn_devices();
-        rc = vgpu_region_reserve(dev, bytes);
+        rc = vgpu_region_reserve(dev, bytes, limit);
     }
     if (rc == -2)
-        rc = local_reserve(dev, bytes);
+        rc = local_reserve(dev, bytes, limit);
     if (rc == 0)
         __atomic_fetch_add(&mine[dev], bytes, __ATOMIC_RELAXED);
     return rc;

@@ -1,5 +1,7 @@
-/* Every limit decision goes through this interface. This implementation is process-local
- * (atomics); the region layer re-implements it on HAMi's shared region (cross-process).
+/* The measuring floor's books: what is counted on each device, on HAMi's shared region
+ * (cross-process) or process-local when it cannot be had. The limit in force is read here
+ * (vgpu_budget_limit: limits/' rule over the region's word and the env) and passed back down by the
+ * charging floor, once per charge.
  * dev must already be bounds-checked by the caller (0 <= dev < VGPU_MAX_DEVICES). */
 #ifndef VGPU_BUDGET_H
 #define VGPU_BUDGET_H
@@ -8,8 +10,9 @@
 
 #include "vgpu.h"
 
-/* 0 when `bytes` fit under the device's limit (and are now counted), -1 when over the limit */
-VGPU_HIDDEN int vgpu_budget_reserve(int dev, uint64_t bytes);
+/* 0 when `bytes` fit under `limit` (the limit in force on dev, read once by the caller through
+ * vgpu_budget_limit; 0 = none) and are now counted, -1 when over it */
+VGPU_HIDDEN int vgpu_budget_reserve(int dev, uint64_t bytes, uint64_t limit);
 VGPU_HIDDEN void vgpu_budget_release(int dev, uint64_t bytes);
 /* count bytes that are already in use whatever the limit says (memory the driver took for us) */
 VGPU_HIDDEN void vgpu_budget_force(int dev, uint64_t bytes);

@@ -7,6 +7,7 @@
 #include "accounting/overhead.h"
 #include "accounting/pool.h"
 #include "accounting/table.h"
+#include "driver/real.h"
 #include "limits/limits.h"
 #include "log/log.h"
 
@@ -21,10 +22,10 @@ static uint64_t near_margin(uint64_t limit)
     return m < (32u << 20) ? (32u << 20) : m > (512u << 20) ? (512u << 20) : m;
 }
 
-/* 1 when `bytes` more would come within that margin of dev's limit (or past it) */
-static int near_limit(int dev, uint64_t bytes)
+/* 1 when `bytes` more would come within that margin of `limit` (or past it) */
+static int near_limit(int dev, uint64_t bytes, uint64_t limit)
 {
-    uint64_t limit = vgpu_budget_limit(dev), used;
+    uint64_t used;
 
     if (!limit)
         return 0;
@@ -33,7 +34,7 @@ static int near_limit(int dev, uint64_t bytes)
 }
 
 /* One line per refusal, at most one a second per process; the ones in between are counted. */
-VGPU_HIDDEN void vgpu_charge_refused(int dev, uint64_t bytes, const char *what)
+static void refused(int dev, uint64_t bytes, const char *what, uint64_t limit)
 {
     static uint64_t last_s;
     static unsigned suppressed;
@@ -53,38 +54,46 @@ VGPU_HIDDEN void vgpu_charge_refused(int dev, uint64_t bytes, const char *what)
     }
     VGPU_WARN("device %d: refused %s %.1f MiB: the container uses %.1f of its %.1f MiB limit (this "
               "process %.1f MiB, host pid %u)%s",
-              dev, what, bytes / MiB, vgpu_budget_used(dev) / MiB, vgpu_budget_limit(dev) / MiB,
+              dev, what, bytes / MiB, vgpu_budget_used(dev) / MiB, limit / MiB,
               vgpu_budget_mine(dev) / MiB, vgpu_overhead_host_pid(),
               __atomic_exchange_n(&suppressed, 0, __ATOMIC_RELAXED) ? "; earlier refusals in the last second not shown"
                                                                    : "");
 }
 
+VGPU_HIDDEN void vgpu_charge_refused(int dev, uint64_t bytes, const char *what)
+{
+    refused(dev, bytes, what, vgpu_budget_limit(dev));
+}
+
+/* The limit in force is read once here and passed down to every floor below. */
 static CUresult charge(int dev, uint64_t bytes, int log)
 {
+    uint64_t limit;
     int measured = 0;
 
     if (VGPU_UNLIKELY(!vgpu_limits_valid()))
         return CUDA_ERROR_INVALID_VALUE; /* never run unlimited on a malformed limit */
     if (dev < 0)
         return CUDA_SUCCESS; /* host or unknown location: not charged */
+    limit = vgpu_budget_limit(dev);
     /* measured with nothing of ours in flight (a reading waits for what is: accounting/budget.c) */
-    if (VGPU_UNLIKELY(near_limit(dev, bytes)))
-        measured = vgpu_overhead_refresh(dev, 0);
+    if (VGPU_UNLIKELY(near_limit(dev, bytes, limit)))
+        measured = vgpu_overhead_refresh(dev, VGPU_REFRESH_CHARGE, limit);
     vgpu_budget_ahead(dev, bytes); /* until vgpu_budget_landed: charged, maybe not yet held by the driver */
-    if (VGPU_LIKELY(vgpu_budget_reserve(dev, bytes) == 0))
+    if (VGPU_LIKELY(vgpu_budget_reserve(dev, bytes, limit) == 0))
         return CUDA_SUCCESS;
     vgpu_budget_landed(dev, bytes);
     /* before refusing: pools may have been trimmed at a synchronize, contexts destroyed (measured
      * once per refusal: NVML may take 200 ms a call) */
     vgpu_pool_settle_dev(dev);
     if (!measured)
-        vgpu_overhead_refresh(dev, 1);
+        vgpu_overhead_refresh(dev, VGPU_REFRESH_FORCE | VGPU_REFRESH_CHARGE, limit);
     vgpu_budget_ahead(dev, bytes);
-    if (vgpu_budget_reserve(dev, bytes) == 0)
+    if (vgpu_budget_reserve(dev, bytes, limit) == 0)
         return CUDA_SUCCESS;
     vgpu_budget_landed(dev, bytes);
     if (log)
-        vgpu_charge_refused(dev, bytes, "an allocation of");
+        refused(dev, bytes, "an allocation of", limit);
     return CUDA_ERROR_OUT_OF_MEMORY;
 }
 
@@ -135,6 +144,31 @@ VGPU_HIDDEN void vgpu_settle(CUresult rc, uint64_t key, int kind, int dev, uint6
         vgpu_budget_unshown(dev, bytes, 1);
     }
     vgpu_budget_landed(dev, bytes);
+}
+
+/* A pitched allocation was charged its width * height (`est`): settle it to what the driver took,
+ * pitch * height (`actual`). Padding that does not fit is freed again and refused. */
+VGPU_HIDDEN CUresult vgpu_settle_pitch(CUresult rc, CUdeviceptr *dptr, int dev, uint64_t est, uint64_t actual)
+{
+    if (rc != CUDA_SUCCESS || dev < 0) {
+        vgpu_settle(rc, 0, VGPU_K_DPTR, dev, est);
+        return rc;
+    }
+    if (actual > est) {
+        vgpu_budget_ahead(dev, actual - est); /* what lands is the real size */
+        if (vgpu_budget_reserve(dev, actual - est, vgpu_budget_limit(dev)) != 0) {
+            REAL(cuMemFree_v2)(*dptr); /* padding pushed it over the limit */
+            vgpu_budget_release(dev, est);
+            vgpu_budget_landed(dev, actual);
+            *dptr = 0;
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+    } else if (actual < est) {
+        vgpu_budget_release(dev, est - actual);
+        vgpu_budget_landed(dev, est - actual);
+    }
+    vgpu_settle(CUDA_SUCCESS, *dptr, VGPU_K_DPTR, dev, actual);
+    return CUDA_SUCCESS;
 }
 
 VGPU_HIDDEN struct vgpu_tracked vgpu_untrack(uint64_t key, int kind)

@@ -28,6 +28,9 @@ VGPU_HIDDEN CUresult vgpu_charge_current(int *dev, uint64_t bytes);
  * Either way the charge has landed (vgpu_budget_landed). Every successful vgpu_charge* is followed by
  * this, or by its own vgpu_budget_landed of what it charged once its call has returned */
 VGPU_HIDDEN void vgpu_settle(CUresult rc, uint64_t key, int kind, int dev, uint64_t bytes);
+/* a pitched allocation charged est = width * height, settled to actual = pitch * height (0 when the
+ * call failed); returns what the wrapper returns (padding that does not fit: freed, OUT_OF_MEMORY) */
+VGPU_HIDDEN CUresult vgpu_settle_pitch(CUresult rc, CUdeviceptr *dptr, int dev, uint64_t est, uint64_t actual);
 /* take key out of the table before the real free (so a concurrent allocation reusing the address
  * cannot be confused with it); vgpu_untrack_done puts it back if the free failed */
 struct vgpu_tracked {

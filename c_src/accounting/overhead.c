@@ -8,6 +8,10 @@
  * again when the evidence changes (it vanishes, or shows less than we hold). While it is unknown,
  * the device-wide used-memory delta around each context creation stands in.
  *
+ * This is the measuring floor: it reads what is held and sets the overhead's charge to it. What may
+ * be taken (the pre-charges of contexts and streams, refusals) is precharge.c's, above it; nothing
+ * here calls back up.
+ *
  * overhead(dev) = NVML(our pid, dev) - (what we charge on dev other than the overhead itself),
  * never negative; the difference to the last value is forced into the budget (the memory is
  * already taken). Measured at every context creation, before an allocation that comes near the
@@ -21,7 +25,6 @@
 #include <nvml.h>
 
 #include "accounting/budget.h"
-#include "accounting/charge.h"
 #include "accounting/device.h"
 #include "accounting/overhead.h"
 #include "accounting/pool.h"
@@ -35,25 +38,39 @@
 #define PROBE_INTERVAL_NS 100000000ull     /* 100 ms between probes that found nothing */
 #define SLACK (64ull << 20)                 /* NVML showing this much less than we hold is not news */
 #define PAUSE_LISTING_NS 1000000ull         /* listings slower than this are made without pausing charges */
+/* A listing this young is the figure: a refusal, a report and the limiter's census use it rather than
+ * list again (NVML may take 200 ms a call). As young as measurements near the limit are apart, so a
+ * figure is never older than the 20 ms the reports promise. */
+#define FRESH_NS 20000000ull
 
-struct dev_state {
+
+/* A device's state, split by who may touch it. */
+struct dev_seen { /* read and written without the lock (atomics): what other threads look at */
+    int measured;        /* at least once */
+    uint64_t last_ns;    /* last measurement */
+    int no_list;         /* the last listing failed: the fallback is all there is */
+    nvmlDevice_t nvml;   /* NULL until looked up */
+    uint64_t ctx_cost;   /* what this process's last context creation took, measured (0: none yet) */
+    uint64_t standin;    /* charged for contexts and streams being made, until measured: not an allocation */
+    uint64_t room;       /* charged for the identity probe while our entry is unknown (set under the lock) */
+    uint64_t fresh_ns;   /* when the last measurement ended */
+    uint64_t charge_ns;  /* fresh_ns of the last one made for a charge (near the limit, or refusing) */
+    int procs;           /* how many processes the last listing showed (-1: it failed) */
+    uint64_t procs_ns;   /* when it ended (0: no listing yet) */
+};
+struct dev_books { /* the measurement's own books, under lock */
     pthread_mutex_t lock;
-    int measured;          /* at least once */
-    uint64_t charged;      /* what we count for the overhead now */
-    uint64_t fallback;     /* sum of used-memory deltas of our context creations */
-    uint64_t last_ns;      /* last measurement */
-    uint64_t gap;          /* what our confirmed entry was seen to show less than we hold */
-    int no_list;           /* the last listing failed: the fallback is all there is */
-    nvmlDevice_t nvml;     /* NULL until looked up */
-    uint64_t ctx_cost;     /* what this process's last context creation took, measured (0: none yet) */
-    uint64_t standin;      /* charged for contexts and streams being made, until measured (atomic): not an allocation */
-    uint64_t listing_ns;   /* how long the last process listing took */
-    uint64_t cover;        /* under lock, during a measurement: stand-ins the overhead's growth takes first */
-    uint64_t room;         /* charged for the identity probe while our entry is unknown (under lock) */
-    int probing;           /* a probe from the room is held: the room is in our entry (under lock) */
+    uint64_t charged;    /* what we count for the overhead now */
+    uint64_t fallback;   /* sum of used-memory deltas of our context creations */
+    uint64_t gap;        /* what our confirmed entry was seen to show less than we hold */
+    uint64_t cover;      /* during a measurement: stand-ins the overhead's growth takes first */
+    int probing;         /* a probe from the room is held: the room is in our entry */
+    uint64_t listing_ns; /* how long the last process listing took */
 };
 
-static struct dev_state devs[VGPU_MAX_DEVICES];
+static struct dev_seen seen[VGPU_MAX_DEVICES];
+static struct dev_books books[VGPU_MAX_DEVICES];
+
 static unsigned host_pid; /* 0 = unknown */
 static uint64_t last_probe_ns;
 static pthread_once_t nvml_once = PTHREAD_ONCE_INIT;
@@ -67,7 +84,7 @@ __attribute__((constructor)) static void init_locks(void)
     int i;
 
     for (i = 0; i < VGPU_MAX_DEVICES; i++)
-        pthread_mutex_init(&devs[i].lock, NULL);
+        pthread_mutex_init(&books[i].lock, NULL);
 }
 
 static uint64_t now_ns(void)
@@ -101,24 +118,29 @@ static nvmlDevice_t nvml_of(int dev)
     pthread_once(&nvml_once, nvml_start);
     if (!nvml_ok)
         return NULL;
-    h = __atomic_load_n(&devs[dev].nvml, __ATOMIC_ACQUIRE);
+    h = __atomic_load_n(&seen[dev].nvml, __ATOMIC_ACQUIRE);
     if (h)
         return h;
     /* by UUID: NVML's index is not the container's CUDA ordinal once devices are reordered */
     if (vgpu_dev_uuid(dev, uuid, sizeof uuid) != 0 || REAL(nvmlDeviceGetHandleByUUID)(uuid, &h) != NVML_SUCCESS)
         return NULL;
-    __atomic_store_n(&devs[dev].nvml, h, __ATOMIC_RELEASE); /* racing threads store the same handle */
+    __atomic_store_n(&seen[dev].nvml, h, __ATOMIC_RELEASE); /* racing threads store the same handle */
     return h;
 }
 
-/* the device's compute processes; count, or -1 when NVML cannot tell */
-static int list_procs(nvmlDevice_t h, nvmlProcessInfo_t *out)
+/* the device's compute processes; count, or -1 when NVML cannot tell. Every listing is made with the
+ * device's lock held, so there is never more than one in flight per device; its count serves the
+ * limiter's census (vgpu_overhead_gpu_procs) while it is fresh. */
+static int list_procs(int dev, nvmlDevice_t h, nvmlProcessInfo_t *out)
 {
     unsigned n = MAX_PROCS;
+    int count = -1;
 
-    if (!list_fn || list_fn(h, &n, out) != NVML_SUCCESS)
-        return -1;
-    return (int)(n > MAX_PROCS ? MAX_PROCS : n);
+    if (list_fn && list_fn(h, &n, out) == NVML_SUCCESS)
+        count = (int)(n > MAX_PROCS ? MAX_PROCS : n);
+    __atomic_store_n(&seen[dev].procs, count, __ATOMIC_RELAXED);
+    __atomic_store_n(&seen[dev].procs_ns, now_ns(), __ATOMIC_RELEASE);
+    return count;
 }
 
 static int device_used(nvmlDevice_t h, unsigned long long *used)
@@ -136,23 +158,23 @@ static int device_used(nvmlDevice_t h, unsigned long long *used)
  * region's sum over the limit for a moment. */
 static void set_charge(int dev, uint64_t overhead)
 {
-    struct dev_state *s = &devs[dev];
+    struct dev_books *s = &books[dev];
     uint64_t grow = overhead > s->charged ? overhead - s->charged : 0, taken = grow < s->cover ? grow : s->cover;
 
     if (taken) { /* a stand-in's bytes become the overhead's: charges() sees no change */
         s->cover -= taken;
-        __atomic_fetch_sub(&s->standin, taken, __ATOMIC_SEQ_CST);
+        __atomic_fetch_sub(&seen[dev].standin, taken, __ATOMIC_SEQ_CST);
     }
     if (grow)
         vgpu_budget_force(dev, grow - taken);
     else if (overhead < s->charged)
         vgpu_budget_release(dev, s->charged - overhead);
-    if (!s->measured || (overhead > s->charged ? overhead - s->charged : s->charged - overhead) >= (64u << 20))
+    if (!seen[dev].measured || (overhead > s->charged ? overhead - s->charged : s->charged - overhead) >= (64u << 20))
         VGPU_INFO("device %d: the driver holds %.0f MiB for this process beyond its allocations; counted against "
                   "the limit",
                   dev, overhead / MiB);
     s->charged = overhead;
-    __atomic_store_n(&s->measured, 1, __ATOMIC_RELAXED);
+    __atomic_store_n(&seen[dev].measured, 1, __ATOMIC_RELAXED);
 }
 
 /* the device's size (asked once), 0 when the driver cannot say */
@@ -213,12 +235,12 @@ struct listing {
  * NVML shows only once touched */
 static uint64_t charges(int dev, uint64_t *ahead)
 {
-    uint64_t standin = __atomic_load_n(&devs[dev].standin, __ATOMIC_SEQ_CST), v;
+    uint64_t standin = __atomic_load_n(&seen[dev].standin, __ATOMIC_SEQ_CST), v;
 
-    if (!devs[dev].probing) /* the room is not held either, but by a probe */
-        standin += __atomic_load_n(&devs[dev].room, __ATOMIC_RELAXED);
+    if (!books[dev].probing) /* the room is not held either, but by a probe */
+        standin += __atomic_load_n(&seen[dev].room, __ATOMIC_RELAXED);
     *ahead = vgpu_budget_in_flight(dev) + vgpu_budget_unshown_now(dev); /* maybe held, maybe not */
-    v = vgpu_budget_mine(dev) - devs[dev].charged;
+    v = vgpu_budget_mine(dev) - books[dev].charged;
     return v > standin ? v - standin : 0;
 }
 
@@ -226,7 +248,7 @@ static uint64_t charges(int dev, uint64_t *ahead)
  * would hold every allocating thread up */
 static int may_pause(int dev)
 {
-    return devs[dev].listing_ns < PAUSE_LISTING_NS;
+    return books[dev].listing_ns < PAUSE_LISTING_NS;
 }
 
 /* With our charges paused around the listing (pause; else the caller paused them), none in flight,
@@ -240,8 +262,8 @@ static void list_into(int dev, nvmlDevice_t h, struct listing *l, int pause)
     l->before = charges(dev, &ahead);
     l->low = l->before > ahead ? l->before - ahead : 0;
     t0 = now_ns();
-    l->n = list_procs(h, l->procs);
-    devs[dev].listing_ns = now_ns() - t0;
+    l->n = list_procs(dev, h, l->procs);
+    books[dev].listing_ns = now_ns() - t0;
     l->after = charges(dev, &ahead);
     if (pause)
         vgpu_budget_resume(dev);
@@ -276,7 +298,7 @@ static unsigned probe_once(int dev, nvmlDevice_t h, CUdevice d, struct listing *
     prop.location.id = d;
     if (pause)
         vgpu_budget_pause(dev);
-    nb = list_procs(h, other);
+    nb = list_procs(dev, h, other);
     if (nb >= 0 && REAL(cuMemCreate)(&mem, PROBE_BYTES, &prop, 0) == CUDA_SUCCESS) {
         list_into(dev, h, l, 0);
         nd = l->n;
@@ -285,7 +307,7 @@ static unsigned probe_once(int dev, nvmlDevice_t h, CUdevice d, struct listing *
                 grew[ngrew++ & 3] = during[i].pid;
         REAL(cuMemRelease)(mem);
         if (ngrew && ngrew <= 4) /* more: too busy a device to tell */
-            na = list_procs(h, other);
+            na = list_procs(dev, h, other);
     }
     if (pause)
         vgpu_budget_resume(dev);
@@ -301,29 +323,30 @@ static unsigned probe_once(int dev, nvmlDevice_t h, CUdevice d, struct listing *
  * per-process figures) */
 static void drop_room(int dev)
 {
-    uint64_t room = __atomic_exchange_n(&devs[dev].room, 0, __ATOMIC_RELAXED);
+    uint64_t room = __atomic_exchange_n(&seen[dev].room, 0, __ATOMIC_RELAXED);
 
     if (room)
         vgpu_budget_release(dev, room);
 }
 
+
 /* A device's lock held: find our entry by a probe allocation, charged first: from the room kept for
  * it while our entry is unknown (a full container has none to spare, and an unknown entry leaves
- * our contexts counted by a guess), else reserved for the moment (no room: no probe). 1 when found. */
-static int probe_identity(int dev, nvmlDevice_t h, struct listing *l)
+ * our contexts counted by a guess), else reserved for the moment under `limit` (no room: no probe). 1
+ * when found. */
+static int probe_identity(int dev, nvmlDevice_t h, struct listing *l, uint64_t limit)
 {
-    struct dev_state *s = &devs[dev];
-    uint64_t room = __atomic_load_n(&s->room, __ATOMIC_RELAXED);
+    uint64_t room = __atomic_load_n(&seen[dev].room, __ATOMIC_RELAXED);
     int own_room = room >= PROBE_BYTES;
     unsigned found;
     CUdevice d;
 
     __atomic_store_n(&last_probe_ns, now_ns(), __ATOMIC_RELAXED);
-    if (REAL(cuDeviceGet)(&d, dev) != CUDA_SUCCESS || (!own_room && vgpu_budget_reserve(dev, PROBE_BYTES) != 0))
+    if (REAL(cuDeviceGet)(&d, dev) != CUDA_SUCCESS || (!own_room && vgpu_budget_reserve(dev, PROBE_BYTES, limit) != 0))
         return 0;
-    s->probing = own_room;
+    books[dev].probing = own_room;
     found = probe_once(dev, h, d, l);
-    s->probing = 0;
+    books[dev].probing = 0;
     if (!own_room)
         vgpu_budget_release(dev, PROBE_BYTES);
     if (!found)
@@ -334,13 +357,15 @@ static int probe_identity(int dev, nvmlDevice_t h, struct listing *l)
     return 1;
 }
 
+
 /* rate-limited unless forced: probing costs two listings */
-static int identify(int dev, nvmlDevice_t h, int force, struct listing *l)
+static int identify(int dev, nvmlDevice_t h, int force, struct listing *l, uint64_t limit)
 {
     if (!force && now_ns() - __atomic_load_n(&last_probe_ns, __ATOMIC_RELAXED) < PROBE_INTERVAL_NS)
         return 0;
-    return probe_identity(dev, h, l);
+    return probe_identity(dev, h, l, limit);
 }
+
 
 /* Without NVML's process list (an error, a pid namespace it cannot see into) our contexts would
  * go uncounted: the device-wide used-memory delta of our context creations stands in. It may hold
@@ -360,124 +385,193 @@ static void no_list_warning(int dev)
  * at its stand-in, as a context at its delta */
 static int use_fallback(int dev, uint64_t extra)
 {
-    devs[dev].fallback += extra;
-    set_charge(dev, devs[dev].fallback);
+    books[dev].fallback += extra;
+    set_charge(dev, books[dev].fallback);
     return 0;
 }
 
-/* lock held; 1 when the figure is this process's own (NVML per process), 0 for the fallback.
- * extra: what a driver call just made may have added (a stream's piece), held unless the reading
- * rules it out */
-static int measure(int dev, int force_probe, uint64_t extra)
-{
-    struct listing l;
-    const nvmlProcessInfo_t *procs = l.procs;
-    nvmlDevice_t h = nvml_of(dev);
-    uint64_t before, after, ours, overhead, held, most;
-    unsigned pid;
-    int n, i, seen, retried = 0, listed = 0;
+/* ---- one measurement: list, judge the listing, charge what it shows ---- */
 
-    __atomic_store_n(&devs[dev].last_ns, now_ns(), __ATOMIC_RELAXED);
-    if (!h)
+/* a measurement of one device, lock held */
+struct reading {
+    int dev;
+    uint64_t limit; /* in force, passed down by the caller (a probe is charged under it) */
+    uint64_t extra; /* what a driver call just made may have added (a stream's piece), held unless ruled out */
+    nvmlDevice_t h;
+    int listed;     /* l holds a listing a probe made, not judged yet */
+    int retried;    /* our entry was probed again once already */
+    struct listing l;
+};
+
+#define LIST_AGAIN (-1)
+
+/* our entry's index in the listing, n when absent */
+static int entry_of(const struct listing *l, unsigned pid)
+{
+    int i;
+
+    for (i = 0; i < l->n && l->procs[i].pid != pid; i++)
+        ;
+    return i;
+}
+
+/* The evidence changed: the entry shows less than we surely hold (or is gone while we hold memory):
+ * it is not ours, or no longer. Probed again (at most every PROBE_INTERVAL_NS), judged by what that
+ * finds; 1 when it probed (the caller judges a new listing). */
+static int recheck_identity(struct reading *r, unsigned pid, uint64_t held, uint64_t ours)
+{
+    struct dev_books *b = &books[r->dev];
+
+    if (held <= ours + SLACK + b->gap || r->retried ||
+        now_ns() - __atomic_load_n(&last_probe_ns, __ATOMIC_RELAXED) < PROBE_INTERVAL_NS)
+        return 0;
+    r->retried = 1;
+    VGPU_INFO("device %d: NVML's entry for host pid %u shows %.0f MiB, less than this process holds: "
+              "finding its entry again", r->dev, pid, ours / MiB);
+    if ((r->listed = probe_identity(r->dev, r->h, &r->l, r->limit))) {
+        /* the same entry again: what it does not show (managed memory not yet touched) is accepted
+         * until the gap grows further */
+        b->gap = __atomic_load_n(&host_pid, __ATOMIC_RELAXED) == pid ? held - ours : 0;
+    } else {
+        __atomic_store_n(&host_pid, 0, __ATOMIC_RELAXED);
+        if (b->charged > b->fallback) /* the last figure we trusted stands in */
+            b->fallback = b->charged;
+    }
+    return 1;
+}
+
+/* The overhead is what NVML shows beyond our charges, and the charges are not all held at the moment
+ * NVML reads: an allocation or free racing with the reading shows between our two samples, and
+ * charges taken ahead of driver calls still running may be held yet or not. So the reading only
+ * bounds it: at least ours less the larger sample (every charge held: no phantom overhead from a
+ * race), at most ours less the charges surely held. Charged below the bound, it rises to it; above
+ * the other, it falls to it; in between it stays: a reading while 32 MiB pool steps are being
+ * charged ahead must not lower it by them, to be found short when they land. The pause around the
+ * listing makes the two bounds one, unless a driver call outlasted it. */
+static uint64_t bounded_overhead(const struct reading *r, uint64_t ours)
+{
+    uint64_t least = r->l.before > r->l.after ? r->l.before : r->l.after, most, now;
+
+    least = ours > least ? ours - least : 0;
+    most = ours > r->l.low ? ours - r->l.low : 0;
+    now = books[r->dev].charged + r->extra;
+    return now > least ? (now < most ? now : most) : least;
+}
+
+/* 1 when the figure is this process's own (NVML per process), 0 for the fallback, LIST_AGAIN when
+ * our entry was probed again and a new listing is to be judged */
+static int judge_listing(struct reading *r)
+{
+    const struct listing *l = &r->l;
+    unsigned pid;
+    uint64_t ours, held;
+    int i;
+
+    __atomic_store_n(&seen[r->dev].no_list, l->n < 0, __ATOMIC_RELAXED);
+    if (l->n < 0) {
+        drop_room(r->dev);
+        no_list_warning(r->dev);
+        return use_fallback(r->dev, r->extra);
+    }
+    if (!(pid = __atomic_load_n(&host_pid, __ATOMIC_RELAXED)))
+        return use_fallback(r->dev, r->extra);
+    i = entry_of(l, pid);
+    if (i < l->n && !known(r->dev, &l->procs[i])) {
+        drop_room(r->dev);
+        return use_fallback(r->dev, r->extra); /* MIG or a vGPU host hides per-process figures */
+    }
+    ours = i < l->n ? l->procs[i].usedGpuMemory : 0;
+    held = l->before < l->after ? l->before : l->after;
+    if (recheck_identity(r, pid, held, ours))
+        return LIST_AGAIN;
+    if (i == l->n) {
+        set_charge(r->dev, 0); /* no context of ours on this device (any more) */
+        return 1;
+    }
+    drop_room(r->dev); /* our entry is known (found on another device meanwhile): no probe needs the room */
+    set_charge(r->dev, bounded_overhead(r, ours));
+    return 1;
+}
+
+/* lock held; 1 when the figure is this process's own, 0 for the fallback */
+static int measure(int dev, int force_probe, uint64_t extra, uint64_t limit)
+{
+    struct reading r;
+    int own;
+
+    r.dev = dev;
+    r.limit = limit;
+    r.extra = extra;
+    r.listed = r.retried = 0;
+    r.h = nvml_of(dev);
+    __atomic_store_n(&seen[dev].last_ns, now_ns(), __ATOMIC_RELAXED);
+    if (!r.h)
         return 0;
     /* pools trimmed since their last allocation (a synchronize trims to the release threshold) are
      * charged for memory no longer held: settled first, or the reading would take them for held */
     vgpu_pool_settle_dev(dev);
     if (!__atomic_load_n(&host_pid, __ATOMIC_RELAXED))
-        listed = identify(dev, h, force_probe, &l);
-again:
-    if (!listed)
-        list_into(dev, h, &l, may_pause(dev));
-    listed = 0;
-    n = l.n;
-    before = l.before;
-    after = l.after;
-    __atomic_store_n(&devs[dev].no_list, n < 0, __ATOMIC_RELAXED);
-    if (n < 0) {
-        drop_room(dev);
-        no_list_warning(dev);
-        return use_fallback(dev, extra);
-    }
-    pid = __atomic_load_n(&host_pid, __ATOMIC_RELAXED);
-    if (!pid)
-        return use_fallback(dev, extra);
-    for (i = 0; i < n && procs[i].pid != pid; i++)
-        ;
-    seen = i < n;
-    if (seen && !known(dev, &procs[i])) {
-        drop_room(dev);
-        return use_fallback(dev, extra); /* MIG or a vGPU host hides per-process figures */
-    }
-    ours = seen ? procs[i].usedGpuMemory : 0;
-    held = before < after ? before : after;
-    /* the evidence changed: the entry shows less than we surely hold (or is gone while we hold
-     * memory): it is not ours, or no longer; probe again and judge by what that finds */
-    if (held > ours + SLACK + devs[dev].gap && !retried &&
-        now_ns() - __atomic_load_n(&last_probe_ns, __ATOMIC_RELAXED) >= PROBE_INTERVAL_NS) {
-        retried = 1;
-        VGPU_INFO("device %d: NVML's entry for host pid %u shows %.0f MiB, less than this process holds: "
-                  "finding its entry again", dev, pid, ours / MiB);
-        if ((listed = probe_identity(dev, h, &l))) {
-            /* the same entry again: what it does not show (managed memory not yet touched) is
-             * accepted until the gap grows further */
-            devs[dev].gap = __atomic_load_n(&host_pid, __ATOMIC_RELAXED) == pid ? held - ours : 0;
-        } else {
-            __atomic_store_n(&host_pid, 0, __ATOMIC_RELAXED);
-            if (devs[dev].charged > devs[dev].fallback) /* the last figure we trusted stands in */
-                devs[dev].fallback = devs[dev].charged;
-        }
-        goto again;
-    }
-    if (!seen) {
-        set_charge(dev, 0); /* no context of ours on this device (any more) */
-        return 1;
-    }
-    drop_room(dev); /* our entry is known (found on another device meanwhile): no probe needs the room */
-    /* The overhead is what NVML shows beyond our charges, and the charges are not all held at the
-     * moment NVML reads: an allocation or free racing with the reading shows between our two samples,
-     * and charges taken ahead of driver calls still running may be held yet or not. So the reading
-     * only bounds it: at least ours less the larger sample (every charge held: no phantom overhead
-     * from a race), at most ours less the charges surely held. Charged below the bound, it rises to
-     * it; above the other, it falls to it; in between it stays: a reading while 32 MiB pool steps
-     * are being charged ahead must not lower it by them, to be found short when they land. The
-     * pause around the listing makes the two bounds one, unless a driver call outlasted it. */
-    overhead = before > after ? before : after;
-    overhead = ours > overhead ? ours - overhead : 0;
-    most = ours > l.low ? ours - l.low : 0;
-    if (devs[dev].charged + extra > overhead)
-        overhead = devs[dev].charged + extra < most ? devs[dev].charged + extra : most;
-    set_charge(dev, overhead);
-    return 1;
+        r.listed = identify(dev, r.h, force_probe, &r.l, limit);
+    do {
+        if (!r.listed)
+            list_into(dev, r.h, &r.l, may_pause(dev));
+        r.listed = 0;
+    } while ((own = judge_listing(&r)) == LIST_AGAIN);
+    __atomic_store_n(&seen[dev].fresh_ns, now_ns(), __ATOMIC_RELAXED);
+    return own;
 }
 
 /* lock held: measure with stand-ins (*standin) the growth takes first; what it did not take is left
  * in *standin for the caller to give back */
-static int measure_covering(int dev, int force_probe, uint64_t extra, uint64_t *standin)
+static int measure_covering(int dev, int force_probe, uint64_t extra, uint64_t limit, uint64_t *standin)
 {
     int own;
 
-    devs[dev].cover = *standin;
-    own = measure(dev, force_probe, extra);
-    *standin = devs[dev].cover;
-    devs[dev].cover = 0;
+    books[dev].cover = *standin;
+    own = measure(dev, force_probe, extra, limit);
+    *standin = books[dev].cover;
+    books[dev].cover = 0;
     return own;
 }
 
-VGPU_HIDDEN int vgpu_overhead_refresh(int dev, int force)
+static int fresh(uint64_t at_ns)
 {
-    struct dev_state *s;
+    return at_ns && now_ns() - at_ns < FRESH_NS;
+}
 
-    if (dev < 0 || dev >= VGPU_MAX_DEVICES || !vgpu_budget_limit_peek(dev))
+/* A refusal (forced, for a charge) waits for the device's measurement in flight and uses its figure (it
+ * ended after the refusal asked: never a second listing beside it); it also uses the figure of the last
+ * charge's measurement within FRESH_NS while nothing was measured since (a burst of refusals pays one
+ * listing, not one each); else it measures, so what was freed behind our back (a context destroyed) is
+ * seen. Our own events that change what the driver holds (a context made or destroyed, a stream made)
+ * measure anew, never from these. */
+VGPU_HIDDEN int vgpu_overhead_refresh(int dev, int how, uint64_t limit)
+{
+    struct dev_books *b;
+    uint64_t asked = now_ns(), done, charged;
+    int force = how & VGPU_REFRESH_FORCE;
+
+    if (dev < 0 || dev >= VGPU_MAX_DEVICES || !limit)
         return 0;
-    s = &devs[dev];
-    if (!force && now_ns() - __atomic_load_n(&s->last_ns, __ATOMIC_RELAXED) < NEAR_LIMIT_INTERVAL_NS)
+    b = &books[dev];
+    /* near the limit: at most every 20 ms from the start of the last measurement, and never within
+     * FRESH_NS of its end (a listing slower than 20 ms would otherwise be followed by the next at once) */
+    if (!force && (now_ns() - __atomic_load_n(&seen[dev].last_ns, __ATOMIC_RELAXED) < NEAR_LIMIT_INTERVAL_NS ||
+                   fresh(__atomic_load_n(&seen[dev].fresh_ns, __ATOMIC_RELAXED))))
         return 0;
     if (force)
-        pthread_mutex_lock(&s->lock);
-    else if (pthread_mutex_trylock(&s->lock) != 0)
+        pthread_mutex_lock(&b->lock);
+    else if (pthread_mutex_trylock(&b->lock) != 0)
         return 0; /* another thread is measuring right now */
-    measure(dev, 0, 0);
-    pthread_mutex_unlock(&s->lock);
+    done = __atomic_load_n(&seen[dev].fresh_ns, __ATOMIC_RELAXED);
+    charged = __atomic_load_n(&seen[dev].charge_ns, __ATOMIC_RELAXED);
+    if (!(how & VGPU_REFRESH_CHARGE) || !force || (done < asked && !(charged == done && fresh(done)))) {
+        measure(dev, 0, 0, limit);
+        if (how & VGPU_REFRESH_CHARGE)
+            __atomic_store_n(&seen[dev].charge_ns, __atomic_load_n(&seen[dev].fresh_ns, __ATOMIC_RELAXED),
+                             __ATOMIC_RELAXED);
+    }
+    pthread_mutex_unlock(&b->lock);
     return 1;
 }
 
@@ -485,182 +579,139 @@ VGPU_HIDDEN void vgpu_overhead_ensure(int dev)
 {
     if (dev < 0 || dev >= VGPU_MAX_DEVICES)
         return;
-    if (!__atomic_load_n(&devs[dev].measured, __ATOMIC_RELAXED))
-        vgpu_overhead_refresh(dev, 1);
+    if (!__atomic_load_n(&seen[dev].measured, __ATOMIC_RELAXED))
+        vgpu_overhead_refresh(dev, VGPU_REFRESH_FORCE, vgpu_budget_limit_peek(dev));
     else if (!__atomic_load_n(&host_pid, __ATOMIC_RELAXED))
-        vgpu_overhead_refresh(dev, 0); /* still estimated: NVML may list us by now (rate-limited) */
+        vgpu_overhead_refresh(dev, 0, vgpu_budget_limit_peek(dev)); /* still estimated: NVML may list us by now */
 }
 
-static void drop_precharge(struct vgpu_ctx_probe *p)
+/* ---- what the pre-charges (precharge.c) ask of the measurement ---- */
+
+VGPU_HIDDEN uint64_t vgpu_overhead_ctx_estimate(int dev)
 {
-    if (!p->precharge)
-        return;
-    vgpu_budget_release(p->dev, p->precharge);
-    __atomic_fetch_sub(&devs[p->dev].standin, p->precharge, __ATOMIC_SEQ_CST);
-    p->precharge = 0;
+    uint64_t est = __atomic_load_n(&seen[dev].ctx_cost, __ATOMIC_RELAXED);
+
+    return est ? est : vgpu_budget_ctx_hint(dev, device_bytes(dev));
 }
 
-/* A context's memory is taken by the driver during the call: charged after, a context the container
- * has no room for was over the limit until it was destroyed again. So what such a context takes
- * (this process's last one, else what the container's last new process's first one took) is
- * charged first, and a context that would not fit is refused before the driver makes it. */
-VGPU_HIDDEN CUresult vgpu_overhead_before_ctx(int dev, struct vgpu_ctx_probe *p)
+VGPU_HIDDEN uint64_t vgpu_overhead_room_wanted(int dev)
 {
-    nvmlDevice_t h;
-    uint64_t est, room;
+    nvmlDevice_t h = nvml_of(dev);
 
-    p->dev = dev;
-    p->armed = 0;
-    p->precharge = 0;
-    p->added = 0;
-    if (dev < 0 || dev >= VGPU_MAX_DEVICES || !vgpu_budget_limit(dev))
-        return CUDA_SUCCESS;
-    est = __atomic_load_n(&devs[dev].ctx_cost, __ATOMIC_RELAXED);
-    if (!est)
-        est = vgpu_budget_ctx_hint(dev, device_bytes(dev));
-    /* with room for the probe that finds our NVML entry, while it is unknown and NVML can list (a
-     * racy look: a second room is given back under the lock) */
-    h = nvml_of(dev);
-    room = h && !__atomic_load_n(&devs[dev].no_list, __ATOMIC_RELAXED) &&
-                   !__atomic_load_n(&host_pid, __ATOMIC_RELAXED) && !__atomic_load_n(&devs[dev].room, __ATOMIC_RELAXED)
-               ? PROBE_BYTES
-               : 0;
-    if (room && vgpu_charge_quiet(dev, est + room) != CUDA_SUCCESS)
-        room = 0; /* no room for it: the context alone (our entry is found later, or never) */
-    if (!room && est && vgpu_charge_quiet(dev, est) != CUDA_SUCCESS) {
-        VGPU_WARN("device %d: a new CUDA context would take about %.0f MiB (what the container's last one took), "
-                  "more than the container has (%.0f of %.0f MiB used): refused before the driver makes it",
-                  dev, est / MiB, vgpu_budget_used(dev) / MiB, vgpu_budget_limit(dev) / MiB);
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    }
-    if (room) {
-        pthread_mutex_lock(&devs[dev].lock);
-        if (__atomic_load_n(&devs[dev].room, __ATOMIC_RELAXED) || __atomic_load_n(&host_pid, __ATOMIC_RELAXED))
-            vgpu_budget_release(dev, room); /* another thread's, or found meanwhile */
-        else
-            __atomic_store_n(&devs[dev].room, room, __ATOMIC_RELAXED);
-        pthread_mutex_unlock(&devs[dev].lock);
-    }
-    if (est) { /* a stand-in for the context's memory, not an allocation: measured as overhead once made */
-        __atomic_fetch_add(&devs[dev].standin, est, __ATOMIC_SEQ_CST);
-        p->precharge = est;
-    }
-    /* landed once known for what they are: a reading in between would take them for allocations held */
-    vgpu_budget_landed(dev, est + room);
+    if (!h || __atomic_load_n(&seen[dev].no_list, __ATOMIC_RELAXED) || __atomic_load_n(&host_pid, __ATOMIC_RELAXED))
+        return 0;
+    return __atomic_load_n(&seen[dev].room, __ATOMIC_RELAXED) ? 0 : PROBE_BYTES;
+}
+
+VGPU_HIDDEN void vgpu_overhead_keep_room(int dev, uint64_t room)
+{
+    pthread_mutex_lock(&books[dev].lock);
+    if (__atomic_load_n(&seen[dev].room, __ATOMIC_RELAXED) || __atomic_load_n(&host_pid, __ATOMIC_RELAXED))
+        vgpu_budget_release(dev, room); /* another thread's, or found meanwhile */
+    else
+        __atomic_store_n(&seen[dev].room, room, __ATOMIC_RELAXED);
+    pthread_mutex_unlock(&books[dev].lock);
+}
+
+VGPU_HIDDEN void vgpu_overhead_standin(int dev, uint64_t bytes, int add)
+{
+    if (add)
+        __atomic_fetch_add(&seen[dev].standin, bytes, __ATOMIC_SEQ_CST);
+    else
+        __atomic_fetch_sub(&seen[dev].standin, bytes, __ATOMIC_SEQ_CST);
+}
+
+VGPU_HIDDEN void vgpu_overhead_snapshot(struct vgpu_ctx_probe *p)
+{
+    nvmlDevice_t h = nvml_of(p->dev);
+
     if (!h)
-        return CUDA_SUCCESS;
+        return;
     /* the device-wide delta stands in only while our entry is unknown: two NVML calls saved */
     p->delta = !__atomic_load_n(&host_pid, __ATOMIC_RELAXED);
     if (p->delta && device_used(h, &p->used_before) != 0)
-        return CUDA_SUCCESS;
+        return;
     p->armed = 1;
-    return CUDA_SUCCESS;
 }
 
-VGPU_HIDDEN CUresult vgpu_overhead_after_ctx(CUresult rc, struct vgpu_ctx_probe *p)
+VGPU_HIDDEN int vgpu_overhead_measure_ctx(struct vgpu_ctx_probe *p, uint64_t limit, uint64_t *took)
 {
-    struct dev_state *s;
+    struct dev_books *b = &books[p->dev];
     unsigned long long used_after = 0;
-    uint64_t limit, prev;
-    nvmlDevice_t h;
+    nvmlDevice_t h = nvml_of(p->dev);
+    uint64_t prev;
     int own, judge;
 
-    if (!p->armed || rc != CUDA_SUCCESS) {
-        drop_precharge(p); /* no context, or no NVML to measure it with (then it goes uncounted, said once) */
-        return rc;
-    }
-    s = &devs[p->dev];
-    h = nvml_of(p->dev);
-    pthread_mutex_lock(&s->lock);
+    pthread_mutex_lock(&b->lock);
     /* while our entry is unknown: the device's used-memory change, or if more, what such a context
      * took (a neighbour's pool trimmed meanwhile makes the change look smaller by its steps) */
     if (h && p->delta && device_used(h, &used_after) == 0) {
         p->added = used_after > p->used_before ? used_after - p->used_before : 0;
         if (p->added < p->precharge)
             p->added = p->precharge;
-        s->fallback += p->added;
+        b->fallback += p->added;
     }
-    prev = s->charged;
-    own = measure_covering(p->dev, 1, 0, &p->precharge);
-    prev = s->charged > prev ? s->charged - prev : 0; /* what the new context added */
-    judge = own || s->no_list;
+    prev = b->charged;
+    own = measure_covering(p->dev, 1, 0, limit, &p->precharge);
+    prev = b->charged > prev ? b->charged - prev : 0; /* what the new context added */
+    judge = own || seen[p->dev].no_list;
     if (own && prev) { /* what the next context will be charged ahead */
-        if (!s->ctx_cost)
+        if (!seen[p->dev].ctx_cost)
             vgpu_budget_set_ctx_hint(p->dev, prev);
-        __atomic_store_n(&s->ctx_cost, prev, __ATOMIC_RELAXED);
+        __atomic_store_n(&seen[p->dev].ctx_cost, prev, __ATOMIC_RELAXED);
     }
-    pthread_mutex_unlock(&s->lock);
-    drop_precharge(p); /* the context itself is charged now: what the stand-in did not cover goes */
-    /* a context the container has no room for is refused, as a full GPU refuses it: on our own
-     * figure, or on the device-wide delta when NVML cannot list processes at all (it may hold a
-     * neighbour's memory, but nothing better will ever come); not while our entry is merely not
-     * found yet */
-    limit = vgpu_budget_limit(p->dev);
-    if (judge && limit && vgpu_budget_used(p->dev) > limit) {
-        VGPU_WARN("device %d: a new CUDA context takes %.0f MiB the container does not have (%.0f of %.0f MiB "
-                  "used): refused",
-                  p->dev, prev / MiB,
-                  vgpu_budget_used(p->dev) / MiB, limit / MiB);
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    }
-    return rc;
+    pthread_mutex_unlock(&b->lock);
+    *took = prev;
+    return judge;
 }
 
-VGPU_HIDDEN void vgpu_overhead_undo_ctx(struct vgpu_ctx_probe *p)
+VGPU_HIDDEN void vgpu_overhead_forget_ctx(struct vgpu_ctx_probe *p, uint64_t limit)
 {
-    struct dev_state *s = &devs[p->dev];
+    struct dev_books *b = &books[p->dev];
 
-    pthread_mutex_lock(&s->lock); /* the destroyed context's delta is no longer held */
-    s->fallback -= p->added < s->fallback ? p->added : s->fallback;
-    pthread_mutex_unlock(&s->lock);
-    vgpu_overhead_refresh(p->dev, 1);
-}
-
-/* The driver keeps its streams' state in pieces of device memory (on an H200 a 2 MiB piece for
- * every four streams, kept when streams are destroyed), outside any allocation. */
-#define PIECE_BYTES (2u << 20)
-
-VGPU_HIDDEN CUresult vgpu_overhead_before_growth(int dev, struct vgpu_growth *g)
-{
-    g->dev = dev;
-    g->standin = 0;
-    if (dev < 0 || dev >= VGPU_MAX_DEVICES || !vgpu_budget_limit(dev))
-        return CUDA_SUCCESS;
-    if (vgpu_charge_quiet(dev, PIECE_BYTES) != CUDA_SUCCESS) {
-        vgpu_charge_refused(dev, PIECE_BYTES, "a new stream, for which the driver may take");
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    }
-    __atomic_fetch_add(&devs[dev].standin, PIECE_BYTES, __ATOMIC_SEQ_CST);
-    vgpu_budget_landed(dev, PIECE_BYTES); /* once known for a stand-in */
-    g->standin = PIECE_BYTES;
-    return CUDA_SUCCESS;
-}
-
-VGPU_HIDDEN void vgpu_overhead_after_growth(CUresult rc, struct vgpu_growth *g)
-{
-    struct dev_state *s;
-
-    if (g->dev < 0 || g->dev >= VGPU_MAX_DEVICES || !g->standin)
+    if (!limit)
         return;
-    s = &devs[g->dev];
-    if (rc == CUDA_SUCCESS) { /* what the call took is overhead now, and held at the stand-in until ruled out */
-        pthread_mutex_lock(&s->lock);
-        measure_covering(g->dev, 0, g->standin, &g->standin);
-        pthread_mutex_unlock(&s->lock);
-    }
-    /* given back before it stops being a stand-in: a reading in between would take it for held */
-    vgpu_budget_release(g->dev, g->standin);
-    __atomic_fetch_sub(&s->standin, g->standin, __ATOMIC_SEQ_CST);
+    pthread_mutex_lock(&b->lock); /* the destroyed context's delta is no longer held */
+    b->fallback -= p->added < b->fallback ? p->added : b->fallback;
+    measure(p->dev, 0, 0, limit); /* what it held is gone: measured anew, never from a fresh figure */
+    pthread_mutex_unlock(&b->lock);
 }
 
+VGPU_HIDDEN void vgpu_overhead_measure_growth(struct vgpu_growth *g, uint64_t limit)
+{
+    pthread_mutex_lock(&books[g->dev].lock);
+    measure_covering(g->dev, 0, g->standin, limit, &g->standin);
+    pthread_mutex_unlock(&books[g->dev].lock);
+}
+
+/* The limiter's census, on the launch path: a fresh count is used as it is; while another thread lists
+ * (a measurement holds the lock) the last count stands in rather than a second listing; only with no
+ * count at all does a launch wait for that listing. */
 VGPU_HIDDEN int vgpu_overhead_gpu_procs(int dev)
 {
     nvmlProcessInfo_t procs[MAX_PROCS];
+    struct dev_books *b;
     nvmlDevice_t h;
+    uint64_t at;
+    int n;
 
     if (dev < 0 || dev >= VGPU_MAX_DEVICES || !(h = nvml_of(dev)))
         return -1;
-    return list_procs(h, procs);
+    b = &books[dev];
+    at = __atomic_load_n(&seen[dev].procs_ns, __ATOMIC_ACQUIRE);
+    if (fresh(at))
+        return __atomic_load_n(&seen[dev].procs, __ATOMIC_RELAXED);
+    if (pthread_mutex_trylock(&b->lock) != 0) {
+        if (at)
+            return __atomic_load_n(&seen[dev].procs, __ATOMIC_RELAXED);
+        pthread_mutex_lock(&b->lock);
+    }
+    if (fresh(__atomic_load_n(&seen[dev].procs_ns, __ATOMIC_ACQUIRE))) /* listed while we waited */
+        n = __atomic_load_n(&seen[dev].procs, __ATOMIC_RELAXED);
+    else
+        n = list_procs(dev, h, procs);
+    pthread_mutex_unlock(&b->lock);
+    return n;
 }
 
 VGPU_HIDDEN unsigned vgpu_overhead_host_pid(void)
@@ -675,15 +726,13 @@ VGPU_HIDDEN void vgpu_overhead_atfork_child(void)
     host_pid = 0;
     last_probe_ns = 0;
     for (i = 0; i < VGPU_MAX_DEVICES; i++) {
-        pthread_mutex_init(&devs[i].lock, NULL);
-        devs[i].measured = 0;
-        devs[i].charged = 0;
-        devs[i].fallback = 0;
-        devs[i].last_ns = 0;
-        devs[i].gap = 0;
-        devs[i].no_list = 0;
-        devs[i].ctx_cost = 0; /* the child's contexts are its own to measure */
-        devs[i].standin = 0;
-        devs[i].room = 0; /* the child's budget starts empty */
+        nvmlDevice_t h = seen[i].nvml;
+        uint64_t listing_ns = books[i].listing_ns;
+
+        memset(&seen[i], 0, sizeof seen[i]); /* the child's contexts and budget are its own to measure */
+        memset(&books[i], 0, sizeof books[i]);
+        seen[i].nvml = h;
+        books[i].listing_ns = listing_ns;
+        pthread_mutex_init(&books[i].lock, NULL);
     }
 }

@@ -4,7 +4,7 @@
 #include <cuda.h>
 
 #include "accounting/device.h"
-#include "accounting/overhead.h"
+#include "accounting/precharge.h"
 #include "driver/real.h"
 #include "interpose/nvml_dev.h"
 
@@ -13,12 +13,12 @@
 #define CREATED(dev, call, undo) \
     __extension__({ \
         struct vgpu_ctx_probe p_; \
-        CUresult rc_ = vgpu_overhead_before_ctx(vgpu_dev_check(dev), &p_); \
+        CUresult rc_ = vgpu_ctx_before(vgpu_dev_check(dev), &p_); \
         if (rc_ == CUDA_SUCCESS) { \
             rc_ = (call); \
-            if (vgpu_overhead_after_ctx(rc_, &p_) != rc_) { \
+            if (vgpu_ctx_after(rc_, &p_) != rc_) { \
                 (void)(undo); \
-                vgpu_overhead_undo_ctx(&p_); \
+                vgpu_ctx_undo(&p_); \
                 rc_ = CUDA_ERROR_OUT_OF_MEMORY; \
             } \
             vgpu_note_host_pid(); /* the probe may just have found it: the container's listings show us */ \

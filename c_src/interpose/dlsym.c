@@ -74,6 +74,11 @@ static void *default_for(const void *caller, const char *name)
     return p;
 }
 
+/* procaddr.c's wrappers and our own, for dlsym to hand out by name (wrapped.h); at the end of the file */
+VGPU_HIDDEN void vgpu_own_cuGetProcAddress(void);
+VGPU_HIDDEN void vgpu_own_cuGetProcAddress_v2(void);
+static const struct vgpu_handouts own;
+
 VGPU_EXPORT void *dlsym(void *restrict handle, const char *restrict symbol)
 {
     const char *name = symbol;
@@ -88,7 +93,7 @@ VGPU_EXPORT void *dlsym(void *restrict handle, const char *restrict symbol)
         p = default_for(__builtin_return_address(0), name);
     else
         p = vgpu_real_dlsym(handle, name);
-    w = p ? vgpu_wrapper_by_name(name) : NULL;
+    w = p ? vgpu_wrapper_by_name(name, &own) : NULL;
     if (VGPU_UNLIKELY(vgpu_debug_dlsym))
         vgpu_log(VGPU_LOG_ERROR, "dlsym(%p, %s) -> %p%s", handle, name, w ? w : p, w ? " (our wrapper)" : "");
     return w ? w : p;
@@ -98,3 +103,6 @@ VGPU_EXPORT void *dlsym(void *restrict handle, const char *restrict symbol)
 #pragma GCC diagnostic ignored "-Wmissing-attributes"
 #endif
 VGPU_OWN_ALIAS(dlsym)
+
+static const struct vgpu_handouts own = {(void *)vgpu_own_dlsym, (void *)vgpu_own_cuGetProcAddress,
+                                         (void *)vgpu_own_cuGetProcAddress_v2};

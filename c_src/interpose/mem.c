@@ -5,7 +5,6 @@
 
 #include <cuda.h>
 
-#include "accounting/budget.h"
 #include "accounting/charge.h"
 #include "accounting/device.h"
 #include "accounting/pool.h"
@@ -50,26 +49,8 @@ VGPU_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_
     if (rc != CUDA_SUCCESS)
         return rc;
     rc = real(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes);
-    if (rc != CUDA_SUCCESS || dev < 0) {
-        vgpu_settle(rc, 0, VGPU_K_DPTR, dev, est);
-        return rc;
-    }
-    actual = pPitch ? vgpu_mul_sat(*pPitch, Height) : est;
-    if (actual > est) {
-        vgpu_budget_ahead(dev, actual - est); /* what lands is the real size */
-        if (vgpu_budget_reserve(dev, actual - est) != 0) {
-            REAL(cuMemFree_v2)(*dptr); /* padding pushed it over the limit */
-            vgpu_budget_release(dev, est);
-            vgpu_budget_landed(dev, actual);
-            *dptr = 0;
-            return CUDA_ERROR_OUT_OF_MEMORY;
-        }
-    } else if (actual < est) {
-        vgpu_budget_release(dev, est - actual);
-        vgpu_budget_landed(dev, est - actual);
-    }
-    vgpu_settle(CUDA_SUCCESS, *dptr, VGPU_K_DPTR, dev, actual);
-    return CUDA_SUCCESS;
+    actual = rc == CUDA_SUCCESS && pPitch ? vgpu_mul_sat(*pPitch, Height) : est;
+    return vgpu_settle_pitch(rc, dptr, dev, est, actual);
 }
 VGPU_OWN_ALIAS(cuMemAllocPitch_v2)
 

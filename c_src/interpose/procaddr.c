@@ -11,9 +11,11 @@
 #include "interpose/wrapped.h"
 #include "log/log.h"
 
+static const struct vgpu_handouts own; /* ours, at the end of the file (wrapped.h) */
+
 static void *answer(const char *symbol, void *p, int version, cuuint64_t flags)
 {
-    void *w = vgpu_swap_for_wrapper(p);
+    void *w = vgpu_swap_for_wrapper(p, &own);
 
     if (VGPU_UNLIKELY(vgpu_debug_dlsym))
         vgpu_log(VGPU_LOG_ERROR, "cuGetProcAddress(%s, %d, %#llx) -> %p%s", symbol ? symbol : "(null)", version,
@@ -45,3 +47,4 @@ VGPU_EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVe
 }
 VGPU_OWN_ALIAS(cuGetProcAddress)
 
+static const struct vgpu_handouts own = {NULL, (void *)vgpu_own_cuGetProcAddress, (void *)vgpu_own_cuGetProcAddress_v2};

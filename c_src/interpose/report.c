@@ -39,7 +39,7 @@ static uint64_t min_u64(uint64_t a, uint64_t b)
 static void vgpu_overhead_report(int dev)
 {
     vgpu_overhead_ensure(dev);
-    vgpu_overhead_refresh(dev, 0);
+    vgpu_overhead_refresh(dev, 0, vgpu_budget_limit_peek(dev));
     vgpu_note_host_pid(); /* found by now, perhaps: the container's process listings show us */
 }
 

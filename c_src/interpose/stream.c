@@ -5,7 +5,7 @@
 #include <cuda.h>
 
 #include "accounting/device.h"
-#include "accounting/overhead.h"
+#include "accounting/precharge.h"
 #include "driver/real.h"
 
 /* the stream is made in the current context; without one the driver's own error answers (a stand-in
@@ -13,14 +13,14 @@
 #define STREAM_MADE(call) \
     __extension__({ \
         struct vgpu_growth g_; \
-        CUresult rc_ = vgpu_overhead_before_growth(vgpu_dev_of_current_ctx(), &g_); \
+        CUresult rc_ = vgpu_growth_before(vgpu_dev_of_current_ctx(), &g_); \
         if (rc_ != CUDA_SUCCESS && vgpu_dev_current() < 0) { \
             g_.dev = VGPU_DEV_UNKNOWN; \
             rc_ = CUDA_SUCCESS; \
         } \
         if (rc_ == CUDA_SUCCESS) { \
             rc_ = (call); \
-            vgpu_overhead_after_growth(rc_, &g_); \
+            vgpu_growth_after(rc_, &g_); \
         } \
         rc_; \
     })

@@ -23,13 +23,26 @@
 #undef VARIANT
 #undef HOOK_OWN
 
+/* The wrappers that hand wrappers out (dlsym.c, procaddr.c) call this table, so it does not link to
+ * them: their entries carry no address, and those callers pass theirs in (vgpu_handouts). HANDOUT_
+ * pastes to `~, 1` for their names only (pasted at the outermost expansion, like the names). */
+#define HANDOUT_dlsym ~, 1
+#define HANDOUT_cuGetProcAddress ~, 1
+#define HANDOUT_cuGetProcAddress_v2 ~, 1
+#define IS_HANDOUT_(x, n, ...) n
+#define IS_HANDOUT(...) IS_HANDOUT_(__VA_ARGS__, 0, )
+#define PICK(c, fn) PICK_(c, fn)
+#define PICK_(c, fn) PICK_##c(fn)
+#define PICK_0(fn) fn
+#define PICK_1(fn) NULL
+
 static const struct wrapped wrapped[] = {
-#define HOOK(name, lib, kind) HOOK_##kind(#name, VGPU_IDX_##name, VGPU_LIB_##lib, vgpu_own_##name)
-#define HOOK_OWN(name, idx, lib, fn) {name, idx, lib, fn},
+#define HOOK(name, lib, kind) HOOK_##kind(#name, VGPU_IDX_##name, VGPU_LIB_##lib, vgpu_own_##name, HANDOUT_##name)
+#define HOOK_OWN(name, idx, lib, fn, probe) {name, idx, lib, PICK(IS_HANDOUT(probe), fn)},
 #undef HOOK_PASS
 #undef HOOK_STUB
-#define HOOK_PASS(name, idx, lib, fn)
-#define HOOK_STUB(name, idx, lib, fn)
+#define HOOK_PASS(name, idx, lib, fn, probe)
+#define HOOK_STUB(name, idx, lib, fn, probe)
 #define VARIANT(name, base) {#name, -1 - VGPU_VAR_##name, VGPU_LIB_CUDA, vgpu_own_##name},
 #include "driver/hooks.def"
 #undef HOOK
@@ -37,6 +50,15 @@ static const struct wrapped wrapped[] = {
 };
 
 #define NWRAPPED (sizeof wrapped / sizeof wrapped[0])
+
+/* our wrapper of entry i: the table's, or for a handout the caller's (NULL when it passed none) */
+static void *wrapper_of(size_t i, const struct vgpu_handouts *own)
+{
+    if (wrapped[i].wrapper)
+        return (void *)wrapped[i].wrapper;
+    return wrapped[i].idx == VGPU_IDX_dlsym ? own->dlsym : wrapped[i].idx == VGPU_IDX_cuGetProcAddress ? own->gpa
+                                                                                                      : own->gpa_v2;
+}
 
 static void *real_of(const struct wrapped *w)
 {
@@ -129,20 +151,22 @@ static void learn_driver_aliases(void)
 }
 
 /* our wrapper when p is the real address of a CUDA function we wrap, else p unchanged */
-VGPU_HIDDEN void *vgpu_swap_for_wrapper(void *p)
+VGPU_HIDDEN void *vgpu_swap_for_wrapper(void *p, const struct vgpu_handouts *own)
 {
     size_t i;
+    void *mine;
 
     if (!p || vgpu_is_not_found_stub(p))
         return p;
     pthread_once(&alias_once, learn_driver_aliases);
     for (i = 0; i < NWRAPPED; i++)
-        if (wrapped[i].lib == VGPU_LIB_CUDA && (real_of(&wrapped[i]) == p || alias[i] == p))
-            return (void *)wrapped[i].wrapper;
+        if (wrapped[i].lib == VGPU_LIB_CUDA && (real_of(&wrapped[i]) == p || alias[i] == p) &&
+            (mine = wrapper_of(i, own)))
+            return mine;
     return p;
 }
 
-VGPU_HIDDEN void *vgpu_wrapper_by_name(const char *name)
+VGPU_HIDDEN void *vgpu_wrapper_by_name(const char *name, const struct vgpu_handouts *own)
 {
     size_t i;
 
@@ -151,6 +175,6 @@ VGPU_HIDDEN void *vgpu_wrapper_by_name(const char *name)
         return NULL;
     for (i = 0; i < NWRAPPED; i++)
         if (strcmp(wrapped[i].name, name) == 0)
-            return (void *)wrapped[i].wrapper;
+            return wrapper_of(i, own);
     return NULL;
 }

@@ -313,10 +313,9 @@ static void signals(vgpu_region_t *r)
 static uint32_t container_tag(void)
 {
     uint64_t d = 0, i = 0, h;
-    const char *path = 0;
 
     if (vgpu_region_get())
-        vgpu_region_file_id(&d, &i, &path);
+        vgpu_region_file_id(&d, &i);
     h = d || i ? d * 0x9e3779b97f4a7c15ull ^ i : (uint64_t)getpid() << 20 ^ (uint64_t)now_ns();
     h ^= h >> 31;
     h *= 0xbf58476d1ce4e5b9ull;

@@ -16,6 +16,7 @@
  * has the region mapped (slots.c). */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <signal.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
@@ -220,4 +221,103 @@ VGPU_HIDDEN int vgpu_proc_maps_file(int pid, uint64_t dev, uint64_t ino, const c
     }
     close(fd);
     return found ? 1 : got_any ? 0 : -1;
+}
+
+/* ---- /proc: what a pid in our namespace is ---- */
+
+/* /proc/<pid>/stat (pid 0: /proc/self/stat, right even where /proc is another namespace's):
+ * state (field 3), flags (field 9) and starttime (field 22). -1 when unreadable. */
+static int read_stat_flags(int pid, char *state, unsigned long *flags, uint64_t *start)
+{
+    char path[64], buf[1024], *p;
+    unsigned long long st = 0;
+    unsigned long fl = 0;
+    ssize_t n;
+    int fd, field;
+
+    if (pid)
+        snprintf(path, sizeof path, "/proc/%d/stat", pid);
+    else
+        snprintf(path, sizeof path, "/proc/self/stat");
+    fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0)
+        return -1;
+    buf[n] = '\0';
+    p = strrchr(buf, ')'); /* comm may contain spaces and ')' */
+    if (!p || p[1] != ' ')
+        return -1;
+    *state = p[2];
+    p += 2;
+    for (field = 3; field < 22 && *p; p++) {
+        if (*p != ' ')
+            continue;
+        field++;
+        if (field == 9 && sscanf(p + 1, "%lu", &fl) != 1)
+            return -1;
+    }
+    if (field != 22 || sscanf(p, "%llu", &st) != 1)
+        return -1;
+    *flags = fl;
+    *start = st;
+    return 0;
+}
+
+VGPU_HIDDEN int vgpu_proc_stat(int pid, char *state, uint64_t *start)
+{
+    unsigned long flags;
+    return read_stat_flags(pid, state, &flags, start);
+}
+
+/* "Threads:" of /proc/<pid>/status, 0 when unreadable */
+static int thread_count(int pid)
+{
+    char path[64], buf[2048], *p;
+    ssize_t n;
+    int fd, threads = 0;
+
+    snprintf(path, sizeof path, "/proc/%d/status", pid);
+    fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
+    n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0)
+        return 0;
+    buf[n] = '\0';
+    p = strstr(buf, "\nThreads:");
+    return p && sscanf(p + 9, "%d", &threads) == 1 ? threads : 0;
+}
+
+#define PF_EXITING_FLAG 0x4ul /* the kernel's PF_EXITING: set when a task starts to exit */
+
+/* Is the process (pid, start time) in our namespace still exiting? A dying process drops its
+ * liveness byte when its descriptors are released, and the kernel releases them in an order of its
+ * own: the driver's (which hold its device memory) can go after ours, and freeing a large context
+ * takes a while. Until the process is gone, a zombie whose other threads are gone too, its memory
+ * may still be held, so its slot stays counted. 0 when it is gone, or alive and not exiting (an
+ * exec dropped the byte: the old image's memory went with it). */
+VGPU_HIDDEN int vgpu_proc_still_exiting(int pid, uint64_t want_start)
+{
+    unsigned long flags;
+    uint64_t start;
+    char state;
+
+    if (pid <= 0 || (kill(pid, 0) != 0 && errno == ESRCH))
+        return 0;
+    if (read_stat_flags(pid, &state, &flags, &start) != 0 || start != want_start || state == 'X')
+        return 0; /* gone meanwhile, or the pid is another process's now */
+    if (state == 'Z')
+        return thread_count(pid) > 1; /* the leader is done; its last thread may not be */
+    return (flags & PF_EXITING_FLAG) != 0;
+}
+
+VGPU_HIDDEN uint64_t vgpu_proc_starttime(int pid)
+{
+    char state;
+    uint64_t start;
+    return vgpu_proc_stat(pid, &state, &start) == 0 ? start : 0;
 }

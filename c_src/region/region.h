@@ -5,9 +5,14 @@
  *   heir.c  a file that replaces a deleted one inherits the live processes still using that one
  *   lock.c  the cross-process lock (an OFD lock on the file: dropped by the kernel if the holder
  *           dies, never inherited by a fork child, not takeable through a read-only descriptor)
- *   ident.c process identity across pid namespaces: the slot stamp and the liveness lock
+ *   ident.c process identity across pid namespaces: the slot stamp, the liveness lock, /proc
+ *   trust.c whether a file (kind, owner, names) and its process table may be trusted at all
  *   slots.c process slots (claim, liveness, reclaim, finding our own slot again after a vendor
- *           peer compacted the table) and per-device usage (atomics + seqlock + a private shadow)
+ *           peer compacted the table) and per-device sums (atomics + seqlock + a private shadow)
+ *   usage.c our own slot's charges against a limit the caller passes in; the ledger; tidying
+ * Calls go one way: usage -> shm -> find, heir -> slots -> ident, lock, trust (find and heir use
+ * trust and ident too). region/ stores and sums; the limit in force is limits/' rule, read once
+ * by accounting/budget.c and passed down.
  * Nothing here calls the CUDA driver: the caller (accounting/budget.c) passes device facts in
  * vgpu_region_config_t. */
 #ifndef VGPU_REGION_H
@@ -94,8 +99,9 @@ VGPU_HIDDEN int vgpu_live_hold(int fd, uint64_t nonce);
 VGPU_HIDDEN int vgpu_live_probe(int fd, uint64_t nonce);
 /* 1 the process maps the file, 0 it does not, -1 cannot tell */
 VGPU_HIDDEN int vgpu_proc_maps_file(int pid, uint64_t dev, uint64_t ino, const char *path);
-/* the region file's identity, for the maps check (shm.c) */
-VGPU_HIDDEN void vgpu_region_file_id(uint64_t *dev, uint64_t *ino, const char **path);
+/* the region file's identity, for the maps check (shm.c tells slots.c once the file is open) */
+VGPU_HIDDEN void vgpu_region_set_file_id(uint64_t dev, uint64_t ino, const char *path);
+VGPU_HIDDEN void vgpu_region_file_id(uint64_t *dev, uint64_t *ino);
 
 /* --- slots (lock held unless noted) --- */
 VGPU_HIDDEN vgpu_proc_slot_t *vgpu_region_claim_slot(vgpu_region_t *r);
@@ -110,6 +116,8 @@ VGPU_HIDDEN int vgpu_region_slot_alive(const vgpu_proc_slot_t *s, int thorough);
 VGPU_HIDDEN int vgpu_region_reap(vgpu_region_t *r, int thorough);
 /* exit holds of processes now gone, dropped (no wait for the lock; cheap when there are none) */
 VGPU_HIDDEN void vgpu_region_tidy(void);
+/* exit holds of processes now gone, in r, dropped (usage.c's vgpu_region_tidy on the attached one) */
+VGPU_HIDDEN void vgpu_region_tidy_in(vgpu_region_t *r);
 /* sum of used[dev].total over slots with status != 0 (the monitor's sum), plus the exit holds of
  * free slots (saturating at 2^64-1) */
 VGPU_HIDDEN uint64_t vgpu_region_sum_used(const vgpu_region_t *r, int dev);
@@ -117,10 +125,11 @@ VGPU_HIDDEN uint64_t vgpu_region_sum_used(const vgpu_region_t *r, int dev);
 VGPU_HIDDEN uint64_t vgpu_region_sum_claimed(const vgpu_region_t *r, int dev);
 /* NULL when the process table is sane, else what is wrong with it (shm.c refuses such a file) */
 VGPU_HIDDEN const char *vgpu_region_table_insane(const vgpu_region_t *r);
-/* the limit this process enforces for dev: the stricter of the region's and this process's env
- * (a region can tighten a limit, never lift one); 0 = none */
-VGPU_HIDDEN uint64_t vgpu_region_limit(int dev);
-/* the same for the SM percent: 0 = none (the region's 0 and >= 100 both mean none) */
+/* the region's stored memory limit word for dev, raw (0: none, or not attached); the limit in force
+ * is limits/' rule over it and the env (vgpu_limit_in_force), applied by accounting/budget.c */
+VGPU_HIDDEN uint64_t vgpu_region_stored_limit(int dev);
+/* the SM percent in force (limits/' rule over the region's word and the env), for the limiter:
+ * 0 = none (the region's 0 and >= 100 both mean none) */
 VGPU_HIDDEN uint64_t vgpu_region_sm_limit(int dev);
 
 /* the container's compute ledger entry for dev (layout.h), NULL when not attached; the limiter
@@ -134,15 +143,23 @@ VGPU_HIDDEN void vgpu_region_set_ctx_hint(int dev, uint64_t bytes);
 /* --- accounting on our own slot --- */
 /* which used[dev] field a charge lands in (always in total too) */
 enum { VGPU_USE_DATA = 0, VGPU_USE_CONTEXT = 1, VGPU_USE_MODULE = 2 };
-/* 0 = counted; -1 = over the limit for dev; -2 = not attached (caller falls back) */
-VGPU_HIDDEN int vgpu_region_reserve(int dev, uint64_t bytes);
-VGPU_HIDDEN int vgpu_region_reserve_kind(int dev, uint64_t bytes, int kind);
+/* against `limit` (the limit in force, 0 = none): 0 = counted; -1 = over it; -2 = not attached
+ * (caller falls back) */
+VGPU_HIDDEN int vgpu_region_reserve(int dev, uint64_t bytes, uint64_t limit);
+VGPU_HIDDEN int vgpu_region_reserve_kind(int dev, uint64_t bytes, int kind, uint64_t limit);
 /* lock-free: atomic subtract on our slot (saturates at 0) */
 VGPU_HIDDEN void vgpu_region_release(int dev, uint64_t bytes);
 VGPU_HIDDEN void vgpu_region_release_kind(int dev, uint64_t bytes, int kind);
 /* add / subtract on our own slot (s = vgpu_region_self()) without a limit check; our shadow follows */
 VGPU_HIDDEN void vgpu_slot_add(vgpu_proc_slot_t *s, int dev, uint64_t bytes);
 VGPU_HIDDEN void vgpu_slot_sub(vgpu_proc_slot_t *s, int dev, uint64_t bytes);
+/* internal to region/ (slots.c): our slot's counters and their private shadow */
+VGPU_HIDDEN void vgpu_slot_add_kind(vgpu_proc_slot_t *s, int dev, int kind, uint64_t bytes, int order);
+VGPU_HIDDEN void vgpu_slot_sub_kind(vgpu_proc_slot_t *s, int dev, int kind, uint64_t bytes);
+VGPU_HIDDEN void vgpu_shadow_add(int dev, int kind, uint64_t bytes);
+VGPU_HIDDEN void vgpu_shadow_sub(int dev, int kind, uint64_t bytes);
+/* *p -= bytes, stopping at 0 (release order: a reader that sees it sees what came before) */
+VGPU_HIDDEN void vgpu_region_sub_sat(uint64_t *p, uint64_t bytes);
 /* what this process has counted on dev (its private shadow of its slot's total) */
 VGPU_HIDDEN uint64_t vgpu_region_self_used(int dev);
 /* internal to region/: our slot is gone or moved: find it again or claim a new one, rewrite it
@@ -152,7 +169,14 @@ VGPU_HIDDEN void vgpu_region_shadow_reset(void);
 /* 1 when s still is this process's slot in r (cheap: a few loads) */
 VGPU_HIDDEN int vgpu_region_slot_is_self(const vgpu_region_t *r, const vgpu_proc_slot_t *s);
 
-/* a process's start time in clock ticks since boot (/proc/<pid>/stat field 22; pid 0 = self), 0 when unknown */
+/* /proc (ident.c). A process's start time in clock ticks since boot (/proc/<pid>/stat field 22;
+ * pid 0 = self), 0 when unknown */
 VGPU_HIDDEN uint64_t vgpu_proc_starttime(int pid);
+/* its state letter and start time; -1 when unreadable */
+VGPU_HIDDEN int vgpu_proc_stat(int pid, char *state, uint64_t *start);
+/* 1 while the process (pid, start time) in our namespace is still exiting (its memory may be held) */
+VGPU_HIDDEN int vgpu_proc_still_exiting(int pid, uint64_t want_start);
+/* usage above this many bytes is garbage (4 PiB: more than any device) */
+#define VGPU_SANE_BYTES (1ull << 52)
 
 #endif

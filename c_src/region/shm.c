@@ -15,7 +15,7 @@
  *   directory being the one that really holds the file we opened. In a sticky directory a file of
  *   another uid may be anybody's, and is refused with one line (limits then per process).
  * A file of an accepted owner may be group/other-writable, which is why a region can only tighten
- * this process's env limits, never lift them (slots.c: vgpu_region_limit). A symlink at the path
+ * this process's env limits, never lift them (limits/: vgpu_limit_in_force). A symlink at the path
  * is refused (O_NOFOLLOW), so is anything not a regular file, a file with a second name, a short
  * file, a foreign magic or major version, and a process table that is garbage
  * (vgpu_region_table_insane).
@@ -51,14 +51,6 @@ static int owner_pid;   /* the pid self_slot belongs to */
 static int forked;      /* set in a fork child: the slot is the parent's, the descriptor closed */
 static int left;        /* our destructor ran: the process is exiting, its slot an exit hold */
 static char region_path[4096];
-static uint64_t file_dev, file_ino;
-
-VGPU_HIDDEN void vgpu_region_file_id(uint64_t *dev, uint64_t *ino, const char **path)
-{
-    *dev = file_dev;
-    *ino = file_ino;
-    *path = region_path;
-}
 
 /* the mode a file we create in a directory of mode `dir` gets (0: unknown) */
 static mode_t file_mode(mode_t dir)
@@ -253,21 +245,6 @@ static int open_file(const char *path, int *created)
     return fd;
 }
 
-VGPU_HIDDEN int vgpu_region_distrust(const struct stat *st, const struct stat *dir)
-{
-    if (!S_ISREG(st->st_mode))
-        return VGPU_DISTRUST_TYPE;
-    /* another uid's file: of this container only when the directory is one of its own (not sticky:
-     * a sticky directory is where unrelated users meet, and there anyone may have put it) */
-    if (st->st_uid != geteuid() && st->st_uid != 0 && (!dir || (dir->st_mode & S_ISVTX)))
-        return VGPU_DISTRUST_OWNER;
-    if (st->st_nlink != 1) /* a second name for some other file (we would initialise or share its bytes) */
-        return VGPU_DISTRUST_LINKS;
-    if (!(st->st_mode & S_IWUSR)) /* its owner made it read-only: root could still write it, not what was meant */
-        return VGPU_DISTRUST_READONLY;
-    return 0;
-}
-
 /* the file is ours to trust (vgpu_region_distrust), or a warning says why not */
 static int trusted(int fd, const char *path, struct stat *st)
 {
@@ -363,8 +340,7 @@ static vgpu_region_t *open_region(int fd, const char *path, const vgpu_region_co
 
     if (!trusted(fd, path, &st))
         return 0;
-    file_dev = (uint64_t)st.st_dev;
-    file_ino = (uint64_t)st.st_ino;
+    vgpu_region_set_file_id((uint64_t)st.st_dev, (uint64_t)st.st_ino, path);
     if (st.st_size >= (off_t)sizeof(vgpu_region_t)) {
         /* the common case, no lock: an initialised file (a writer may have rounded its size up);
          * still make sure the part we map is backed */

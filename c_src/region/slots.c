@@ -25,104 +25,7 @@
 #include "log/log.h"
 #include "region/region.h"
 
-#define SANE_BYTES (1ull << 52) /* 4 PiB: more than any device; larger usage is garbage */
 
-/* /proc/<pid>/stat (pid 0: /proc/self/stat, right even where /proc is another namespace's):
- * state (field 3), flags (field 9) and starttime (field 22). -1 when unreadable. */
-static int read_stat_flags(int pid, char *state, unsigned long *flags, uint64_t *start)
-{
-    char path[64], buf[1024], *p;
-    unsigned long long st = 0;
-    unsigned long fl = 0;
-    ssize_t n;
-    int fd, field;
-
-    if (pid)
-        snprintf(path, sizeof path, "/proc/%d/stat", pid);
-    else
-        snprintf(path, sizeof path, "/proc/self/stat");
-    fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return -1;
-    n = read(fd, buf, sizeof buf - 1);
-    close(fd);
-    if (n <= 0)
-        return -1;
-    buf[n] = '\0';
-    p = strrchr(buf, ')'); /* comm may contain spaces and ')' */
-    if (!p || p[1] != ' ')
-        return -1;
-    *state = p[2];
-    p += 2;
-    for (field = 3; field < 22 && *p; p++) {
-        if (*p != ' ')
-            continue;
-        field++;
-        if (field == 9 && sscanf(p + 1, "%lu", &fl) != 1)
-            return -1;
-    }
-    if (field != 22 || sscanf(p, "%llu", &st) != 1)
-        return -1;
-    *flags = fl;
-    *start = st;
-    return 0;
-}
-
-static int read_stat(int pid, char *state, uint64_t *start)
-{
-    unsigned long flags;
-    return read_stat_flags(pid, state, &flags, start);
-}
-
-/* "Threads:" of /proc/<pid>/status, 0 when unreadable */
-static int thread_count(int pid)
-{
-    char path[64], buf[2048], *p;
-    ssize_t n;
-    int fd, threads = 0;
-
-    snprintf(path, sizeof path, "/proc/%d/status", pid);
-    fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return 0;
-    n = read(fd, buf, sizeof buf - 1);
-    close(fd);
-    if (n <= 0)
-        return 0;
-    buf[n] = '\0';
-    p = strstr(buf, "\nThreads:");
-    return p && sscanf(p + 9, "%d", &threads) == 1 ? threads : 0;
-}
-
-#define PF_EXITING_FLAG 0x4ul /* the kernel's PF_EXITING: set when a task starts to exit */
-
-/* Is the process (pid, start time) in our namespace still exiting? A dying process drops its
- * liveness byte when its descriptors are released, and the kernel releases them in an order of its
- * own: the driver's (which hold its device memory) can go after ours, and freeing a large context
- * takes a while. Until the process is gone, a zombie whose other threads are gone too, its memory
- * may still be held, so its slot stays counted. 0 when it is gone, or alive and not exiting (an
- * exec dropped the byte: the old image's memory went with it). */
-static int still_exiting(int pid, uint64_t want_start)
-{
-    unsigned long flags;
-    uint64_t start;
-    char state;
-
-    if (pid <= 0 || (kill(pid, 0) != 0 && errno == ESRCH))
-        return 0;
-    if (read_stat_flags(pid, &state, &flags, &start) != 0 || start != want_start || state == 'X')
-        return 0; /* gone meanwhile, or the pid is another process's now */
-    if (state == 'Z')
-        return thread_count(pid) > 1; /* the leader is done; its last thread may not be */
-    return (flags & PF_EXITING_FLAG) != 0;
-}
-
-VGPU_HIDDEN uint64_t vgpu_proc_starttime(int pid)
-{
-    char state;
-    uint64_t start;
-    return read_stat(pid, &state, &start) == 0 ? start : 0;
-}
 
 static int clamp_procs(int n)
 {
@@ -136,14 +39,6 @@ static int claimable(int n)
     return n > VGPU_LEDGER_SLOT ? VGPU_LEDGER_SLOT : n;
 }
 
-VGPU_HIDDEN vgpu_ledger_t *vgpu_region_ledger(int dev)
-{
-    vgpu_region_t *r = vgpu_region_get();
-
-    if (!r || dev < 0 || dev >= VGPU_MAX_DEVICES)
-        return 0;
-    return (vgpu_ledger_t *)(void *)&r->procs[VGPU_LEDGER_SLOT].used[dev];
-}
 
 /* processes (pid, start time) already seen mapping the region: a limit-bound loop of failing
  * reservations reaps again and again, and must not re-read a big process's maps every time */
@@ -171,6 +66,24 @@ static void remember_user(int pid, uint64_t start)
     __atomic_store_n(&known[i].pid, pid, __ATOMIC_RELAXED);
 }
 
+/* the region file's identity, for the maps check: set by shm.c once the file is open */
+static uint64_t file_dev, file_ino;
+static char file_path[4096];
+
+VGPU_HIDDEN void vgpu_region_set_file_id(uint64_t dev, uint64_t ino, const char *path)
+{
+    file_dev = dev;
+    file_ino = ino;
+    snprintf(file_path, sizeof file_path, "%s", path);
+}
+
+/* the region file's identity (0, 0 before it is open): the same for every process of the container */
+VGPU_HIDDEN void vgpu_region_file_id(uint64_t *dev, uint64_t *ino)
+{
+    *dev = file_dev;
+    *ino = file_ino;
+}
+
 /* does a live process with this pid in our namespace use the region? 1 yes, 0 no.
  * `want_start` != 0: only a process with that start time counts. */
 static int pid_user_alive(int pid, uint64_t want_start, int thorough)
@@ -181,7 +94,7 @@ static int pid_user_alive(int pid, uint64_t want_start, int thorough)
 
     if (pid <= 0 || (kill(pid, 0) != 0 && errno == ESRCH))
         return 0;
-    if (read_stat(pid, &state, &start) != 0)
+    if (vgpu_proc_stat(pid, &state, &start) != 0)
         return 1; /* no /proc: trust kill() */
     if (state == 'Z' || state == 'X')
         return 0;
@@ -192,7 +105,9 @@ static int pid_user_alive(int pid, uint64_t want_start, int thorough)
     /* the pid exists but may be any process: only one that maps the region is a user */
     if (known_user(pid, start))
         return 1;
-    vgpu_region_file_id(&dev, &ino, &path);
+    dev = file_dev;
+    ino = file_ino;
+    path = file_path;
     if (vgpu_proc_maps_file(pid, dev, ino, path) == 0)
         return 0;
     remember_user(pid, start);
@@ -215,7 +130,7 @@ VGPU_HIDDEN int vgpu_region_slot_alive(const vgpu_proc_slot_t *s, int thorough)
             return id.ns != me->ns ? 1 : pid != me->pid && pid_user_alive(pid, id.start, 0);
         /* the stamper has let go of its byte: alive while it is still exiting (its memory may be
          * held until it is gone) */
-        if (id.ns == me->ns && pid != me->pid && still_exiting(pid, id.start))
+        if (id.ns == me->ns && pid != me->pid && vgpu_proc_still_exiting(pid, id.start))
             return 1;
         /* the stamper is gone. A vendor process may have taken the slot over since (it never
          * rewrites the stamp): only a process with that pid here that maps the region is one. */
@@ -314,15 +229,13 @@ static int reap_hold(vgpu_proc_slot_t *s, int thorough)
     return 1;
 }
 
+
 /* Reports (cuMemGetInfo, NVML) count exit holds too: drop those of processes now gone first, so
  * a report never shows a finished process's memory. Only free slots with a hold cost a syscall. */
-VGPU_HIDDEN void vgpu_region_tidy(void)
+VGPU_HIDDEN void vgpu_region_tidy_in(vgpu_region_t *r)
 {
-    vgpu_region_t *r = vgpu_region_get();
     int i, n, any = 0;
 
-    if (!r)
-        return;
     n = clamp_procs(__atomic_load_n(&r->proc_num, __ATOMIC_ACQUIRE));
     for (i = 0; i < n && !any; i++)
         any = __atomic_load_n(&r->procs[i].status, __ATOMIC_ACQUIRE) == VGPU_SLOT_FREE && hold_set(&r->procs[i]);
@@ -456,28 +369,6 @@ VGPU_HIDDEN uint64_t vgpu_region_sum_claimed(const vgpu_region_t *r, int dev)
     return sum_slots(r, dev, 1);
 }
 
-VGPU_HIDDEN const char *vgpu_region_table_insane(const vgpu_region_t *r)
-{
-    int i, d, n = r->proc_num;
-
-    if (n < 0 || n > VGPU_MAX_PROCS)
-        return "proc_num out of range";
-    if (r->device_num > VGPU_MAX_DEVICES)
-        return "device_num out of range";
-    for (i = 0; i < n; i++) {
-        const vgpu_proc_slot_t *s = &r->procs[i];
-        if (s->status != VGPU_SLOT_FREE && s->status != VGPU_SLOT_RUNNING && s->status != VGPU_SLOT_SUSPENDED)
-            return "a slot with an unknown status";
-        if (s->status == VGPU_SLOT_FREE)
-            continue;
-        if (s->pid <= 0)
-            return "a live slot without a pid";
-        for (d = 0; d < VGPU_MAX_DEVICES; d++)
-            if (s->used[d].total > SANE_BYTES)
-                return "a slot claiming more than 4 PiB";
-    }
-    return 0;
-}
 
 /* ---- our own slot: the shadow, the checks, relocation ---- */
 
@@ -551,7 +442,7 @@ VGPU_HIDDEN vgpu_proc_slot_t *vgpu_region_relocate(vgpu_region_t *r, vgpu_proc_s
 
 /* Several of our threads may update at once; the seqlock is only a hint for lock-free readers
  * (each counter is itself atomic), so two fetch_adds bracket every update. */
-static void slot_add(vgpu_proc_slot_t *s, int dev, int kind, uint64_t bytes, int order)
+VGPU_HIDDEN void vgpu_slot_add_kind(vgpu_proc_slot_t *s, int dev, int kind, uint64_t bytes, int order)
 {
     __atomic_fetch_add(&s->seqlock, 1, __ATOMIC_ACQ_REL);
     __atomic_fetch_add(field(s, dev, kind), bytes, __ATOMIC_RELAXED);
@@ -560,7 +451,7 @@ static void slot_add(vgpu_proc_slot_t *s, int dev, int kind, uint64_t bytes, int
 }
 
 /* release: a reader that sees the new value (acquire) sees what was written before it (claim()) */
-static void sub_saturating(uint64_t *p, uint64_t bytes)
+VGPU_HIDDEN void vgpu_region_sub_sat(uint64_t *p, uint64_t bytes)
 {
     uint64_t cur = __atomic_load_n(p, __ATOMIC_RELAXED);
     while (!__atomic_compare_exchange_n(p, &cur, cur > bytes ? cur - bytes : 0, 1, __ATOMIC_RELEASE,
@@ -568,170 +459,37 @@ static void sub_saturating(uint64_t *p, uint64_t bytes)
         ;
 }
 
-static void slot_sub(vgpu_proc_slot_t *s, int dev, int kind, uint64_t bytes)
+VGPU_HIDDEN void vgpu_slot_sub_kind(vgpu_proc_slot_t *s, int dev, int kind, uint64_t bytes)
 {
     __atomic_fetch_add(&s->seqlock, 1, __ATOMIC_ACQ_REL);
-    sub_saturating(field(s, dev, kind), bytes);
-    sub_saturating(&s->used[dev].total, bytes);
+    vgpu_region_sub_sat(field(s, dev, kind), bytes);
+    vgpu_region_sub_sat(&s->used[dev].total, bytes);
     __atomic_fetch_add(&s->seqlock, 1, __ATOMIC_RELEASE);
 }
 
-static void shadow_add(int dev, int kind, uint64_t bytes)
+VGPU_HIDDEN void vgpu_shadow_add(int dev, int kind, uint64_t bytes)
 {
     __atomic_fetch_add(&shadow[dev][kind], bytes, __ATOMIC_RELAXED);
     __atomic_fetch_add(&shadow[dev][3], bytes, __ATOMIC_RELAXED);
 }
 
-static void shadow_sub(int dev, int kind, uint64_t bytes)
+VGPU_HIDDEN void vgpu_shadow_sub(int dev, int kind, uint64_t bytes)
 {
-    sub_saturating(&shadow[dev][kind], bytes);
-    sub_saturating(&shadow[dev][3], bytes);
+    vgpu_region_sub_sat(&shadow[dev][kind], bytes);
+    vgpu_region_sub_sat(&shadow[dev][3], bytes);
 }
 
 /* for callers outside region/ that charge our own slot directly (accounting's forced charges):
  * the shadow follows, so a relocation after a vendor compaction keeps these bytes too */
 VGPU_HIDDEN void vgpu_slot_add(vgpu_proc_slot_t *s, int dev, uint64_t bytes)
 {
-    shadow_add(dev, VGPU_USE_DATA, bytes);
-    slot_add(s, dev, VGPU_USE_DATA, bytes, __ATOMIC_RELAXED);
+    vgpu_shadow_add(dev, VGPU_USE_DATA, bytes);
+    vgpu_slot_add_kind(s, dev, VGPU_USE_DATA, bytes, __ATOMIC_RELAXED);
 }
 
 VGPU_HIDDEN void vgpu_slot_sub(vgpu_proc_slot_t *s, int dev, uint64_t bytes)
 {
-    shadow_sub(dev, VGPU_USE_DATA, bytes);
-    slot_sub(s, dev, VGPU_USE_DATA, bytes);
+    vgpu_shadow_sub(dev, VGPU_USE_DATA, bytes);
+    vgpu_slot_sub_kind(s, dev, VGPU_USE_DATA, bytes);
 }
 
-/* ---- limits ---- */
-
-VGPU_HIDDEN uint64_t vgpu_region_limit(int dev)
-{
-    vgpu_region_t *r = vgpu_region_get();
-
-    if (dev < 0 || dev >= VGPU_MAX_DEVICES)
-        return 0;
-    return vgpu_limit_in_force(r ? __atomic_load_n(&r->limit[dev], __ATOMIC_RELAXED) : 0, vgpu_limits_env(dev));
-}
-
-VGPU_HIDDEN uint64_t vgpu_region_sm_limit(int dev)
-{
-    vgpu_region_t *r = vgpu_region_get();
-    uint64_t v;
-
-    if (dev < 0 || dev >= VGPU_MAX_DEVICES)
-        return 0;
-    v = r ? __atomic_load_n(&r->sm_limit[dev], __ATOMIC_RELAXED) : 0;
-    return vgpu_limit_in_force(vgpu_sm_norm(v), vgpu_limits_env_sm(dev));
-}
-
-/* Publish the claim as pending (a seq_cst add to our slot's used[dev].unused[2], a word the monitor
- * never reads), full fence, then sum every live slot's usage and pending claims, ours included; if it
- * fits, count it in our usage, then drop the pending word (in between it counts twice: safe). A scan
- * counts every claim published before it reaches that claim's slot, as pending or, once moved, in the
- * total (sum_slots reads them in the order that makes this hold); so a scan can miss only a claim
- * published after its own (store->fence->load on both sides), and the last claim published among any
- * racing ones has seen all the others: claims that do not fit together are never all kept. A race can
- * refuse a request that would have fitted (both see each other, both withdraw); it can never exceed the
- * limit, and the monitor's sum (usage only) never sees a claim that is withdrawn. */
-static uint64_t *pending(vgpu_proc_slot_t *s, int dev)
-{
-    return &s->used[dev].unused[2];
-}
-
-static int claim(vgpu_proc_slot_t *self, vgpu_region_t *r, int dev, int kind, uint64_t bytes, uint64_t limit)
-{
-    int fits;
-
-    __atomic_fetch_add(pending(self, dev), bytes, __ATOMIC_SEQ_CST);
-    __atomic_thread_fence(__ATOMIC_SEQ_CST);
-    fits = vgpu_region_sum_claimed(r, dev) <= limit;
-    if (fits)
-        slot_add(self, dev, kind, bytes, __ATOMIC_SEQ_CST);
-    sub_saturating(pending(self, dev), bytes);
-    return fits;
-}
-
-static int self_only; /* the shared table turned to garbage after attach: judge our own usage only */
-
-static int corrupt(vgpu_region_t *r, int dev, uint64_t sum)
-{
-    uint64_t mine = vgpu_region_self_used(dev);
-
-    if (sum <= SANE_BYTES || sum - mine <= SANE_BYTES)
-        return 0;
-    (void)r;
-    if (!__atomic_exchange_n(&self_only, 1, __ATOMIC_RELAXED))
-        VGPU_WARN("region usage of device %d sums to %llu bytes: the process table is corrupt; memory limits "
-                  "are per process only from now on", dev, (unsigned long long)sum);
-    return 1;
-}
-
-/* Fast path, no lock: look, claim and check. Only when that fails, under the lock: look again,
- * reaping dead peers when there is no room, then claim and check (the same order: the lock
- * serialises slow paths and reaping, not fast paths, and the limit does not depend on it, so a
- * lock timeout is safe too). */
-VGPU_HIDDEN int vgpu_region_reserve_kind(int dev, uint64_t bytes, int kind)
-{
-    vgpu_proc_slot_t *self = vgpu_region_self();
-    vgpu_region_t *r = vgpu_region_get();
-    uint64_t limit, sum;
-    int ok;
-
-    if (r && !self && vgpu_region_left()) /* exiting: no slot counts it, none may be had under a limit */
-        return vgpu_region_limit(dev) ? -1 : 0;
-    if (!self || !r)
-        return -2;
-    limit = vgpu_region_limit(dev);
-    if (!limit) { /* no limit: nothing to check against, no lock */
-        shadow_add(dev, kind, bytes);
-        slot_add(self, dev, kind, bytes, __ATOMIC_RELAXED);
-        return 0;
-    }
-    if (bytes > limit)
-        return -1;
-    if (VGPU_UNLIKELY(__atomic_load_n(&self_only, __ATOMIC_RELAXED))) {
-        if (vgpu_region_self_used(dev) > limit - bytes)
-            return -1;
-        shadow_add(dev, kind, bytes);
-        slot_add(self, dev, kind, bytes, __ATOMIC_RELAXED);
-        return 0;
-    }
-    shadow_add(dev, kind, bytes);
-    if (VGPU_LIKELY(vgpu_region_sum_claimed(r, dev) <= limit - bytes) &&
-        VGPU_LIKELY(claim(self, r, dev, kind, bytes, limit)))
-        return 0;
-    vgpu_region_lock();
-    sum = vgpu_region_sum_claimed(r, dev);
-    if (sum > limit - bytes && vgpu_region_reap(r, 1)) /* dead peers' usage out, then decide */
-        sum = vgpu_region_sum_claimed(r, dev);
-    if (sum > limit - bytes && corrupt(r, dev, sum)) {
-        ok = vgpu_region_self_used(dev) <= limit - bytes;
-        if (ok)
-            slot_add(self, dev, kind, bytes, __ATOMIC_RELAXED);
-    } else {
-        ok = sum <= limit - bytes && claim(self, r, dev, kind, bytes, limit);
-    }
-    if (!ok)
-        shadow_sub(dev, kind, bytes);
-    vgpu_region_unlock();
-    return ok ? 0 : -1;
-}
-
-VGPU_HIDDEN int vgpu_region_reserve(int dev, uint64_t bytes)
-{
-    return vgpu_region_reserve_kind(dev, bytes, VGPU_USE_DATA);
-}
-
-VGPU_HIDDEN void vgpu_region_release_kind(int dev, uint64_t bytes, int kind)
-{
-    vgpu_proc_slot_t *self = vgpu_region_self();
-    if (!self)
-        return;
-    shadow_sub(dev, kind, bytes);
-    slot_sub(self, dev, kind, bytes);
-}
-
-VGPU_HIDDEN void vgpu_region_release(int dev, uint64_t bytes)
-{
-    vgpu_region_release_kind(dev, bytes, VGPU_USE_DATA);
-}

@@ -31,6 +31,8 @@ STEPPER = r"""
 #include "log/log.h"
 #include "region/region.h"
 
+#define IN_FORCE(d) vgpu_limit_in_force(vgpu_region_stored_limit(d), vgpu_limits_env(d))
+
 #define B (2u << 20) /* the claim in flight */
 
 /* a child stopped at its raise(SIGSTOP), traced; 0 when it is, -1 when this system forbids tracing */
@@ -143,7 +145,7 @@ static int reader(void)
 static void reserve(void *arg)
 {
     (void)arg;
-    _exit(vgpu_region_reserve(0, B) == 0 ? 0 : 9);
+    _exit(vgpu_region_reserve(0, B, IN_FORCE(0)) == 0 ? 0 : 9);
 }
 
 static int writer(void)
@@ -158,7 +160,7 @@ static int writer(void)
     memset(&cfg, 0, sizeof cfg);
     cfg.device_count = 1;
     vgpu_region_config_from_env(&cfg);
-    if (vgpu_region_attach(0, &cfg) != 0 || vgpu_region_reserve(0, 10u << 20) != 0)
+    if (vgpu_region_attach(0, &cfg) != 0 || vgpu_region_reserve(0, 10u << 20, IN_FORCE(0)) != 0)
         return 3;
     r = vgpu_region_get();
     before = vgpu_region_sum_claimed(r, 0);

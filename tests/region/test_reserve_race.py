@@ -35,6 +35,8 @@ RACER = r"""
 #include "log/log.h"
 #include "region/region.h"
 
+#define IN_FORCE(d) vgpu_limit_in_force(vgpu_region_stored_limit(d), vgpu_limits_env(d))
+
 struct oracle { uint64_t held, max_held, violations, max_seen; };
 static struct oracle *o;
 static uint64_t limit, chunk;
@@ -48,7 +50,7 @@ static void *churn(void *arg)
 
     (void)arg;
     for (i = 0; i < iterations; i++) {
-        if (vgpu_region_reserve(0, chunk) == 0) {
+        if (vgpu_region_reserve(0, chunk, IN_FORCE(0)) == 0) {
             h = __atomic_add_fetch(&o->held, chunk, __ATOMIC_SEQ_CST);
             if (h > limit)
                 __atomic_fetch_add(&o->violations, 1, __ATOMIC_RELAXED);

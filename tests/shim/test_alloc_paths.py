@@ -267,5 +267,7 @@ def test_pool_created_behind_our_back_uses_its_location(env: Env) -> None:
     # what the driver holds, and settles the pool's charge to its reserve first (1). Near the limit each
     # reading of what the driver holds reads the pool's reserve before and after its NVML listing (a trim
     # meanwhile is not taken for memory held): the first allocation's reading (2), and the refused one's
-    # settle and reading (1 + 2, twice: before and after the reading that measures again)
-    assert r["attr_calls"] == 2 + 3 + 2 + 1 + 2 + 5
+    # settle and reading (1 + 2). The refused one does not measure again: the first allocation's reading is
+    # under 20 ms old and nothing was measured since, so its figure serves the refusal (a slow NVML must not
+    # make every refusal list again)
+    assert r["attr_calls"] == 2 + 3 + 2 + 1 + 2 + 3

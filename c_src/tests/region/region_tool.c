@@ -30,6 +30,8 @@
 #include "log/log.h"
 #include "region/region.h"
 
+#define IN_FORCE(d) vgpu_limit_in_force(vgpu_region_stored_limit(d), vgpu_limits_env(d))
+
 #define OFF(t, f) printf("\"%s.%s\": %zu,\n", #t, #f, offsetof(t, f))
 
 static void print_offsets(void)
@@ -134,7 +136,7 @@ static int step(char *s)
     } else if (!strcmp(s, "attach")) {
         printf("attach %s\n", attach() == 0 ? "ok" : "failed");
     } else if (sscanf(s, "reserve:%d:%llu", &d, &n) == 2) {
-        int rc = vgpu_region_reserve(d, n);
+        int rc = vgpu_region_reserve(d, n, IN_FORCE(d));
         printf("reserve %s\n", rc == 0 ? "ok" : rc == -1 ? "refused" : "unattached");
     } else if (sscanf(s, "release:%d:%llu", &d, &n) == 2) {
         vgpu_region_release(d, n);
@@ -192,7 +194,7 @@ static int step(char *s)
         long long t0 = mono_ns();
         int i, bad = 0;
         for (i = 0; i < d; i++) {
-            bad |= vgpu_region_reserve(0, n) != 0;
+            bad |= vgpu_region_reserve(0, n, IN_FORCE(0)) != 0;
             vgpu_region_release(0, n);
         }
         printf("bench ns=%.1f%s\n", (double)(mono_ns() - t0) / d, bad ? " refused" : "");
