@@ -1,4 +1,4 @@
-/* For the NVML wrappers: the container's CUDA ordinal of an NVML device (report.c), our host pid noted (procs.c). */
+/* For the NVML wrappers: the container's CUDA ordinal of an NVML device (nvml_dev.c), our host pid noted (procs.c). */
 #ifndef VGPU_NVML_DEV_H
 #define VGPU_NVML_DEV_H
 
