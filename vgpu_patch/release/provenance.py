@@ -164,9 +164,9 @@ def verified(library_copy: Path, sha256: str, allowed_signers: Path | str, *, sh
 
 def main(argv: list[str]) -> int:
     """`python3 -m vgpu_patch.release.provenance COPY SHA256 ALLOWED_SIGNERS SHOWN`: `verified` for the Ansible
-    role, which reads the candidate, its statement and their signatures once into a private directory (COPY is the library's
-    copy there, SHOWN the file the operator named). Prints what the statement says as JSON (`null`: there is
-    none) and exits 0, or prints `@@err <one line>` and exits 1."""
+    role, which reads the candidate, its statement and their signatures once into a private directory (COPY is
+    the library's copy there, SHOWN the file the operator named). Prints what the statement says as JSON
+    (`null`: there is none) and exits 0, or prints `@@err <one line>` and exits 1."""
     from ..errors import VgpuPatchError
 
     if len(argv) != 4:
