@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """Compute shares on a real GPU, side by side: the shim's SM limits (one budget per container, each
 container its own region) beside bare time-slicing and MPS (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE), for
-a long-kernel (about 2.2 ms) and a short-kernel (about 29 us) compute-bound loop. Each figure is a
-container's kernels per second over one bare process alone.
+a long-kernel (about 2.2 ms) and a short-kernel (about 29 us) compute-bound loop, or PyTorch matmuls (about
+30 us, bench/matmul_loop.py). Each figure is a container's kernels per second over one bare process alone.
 
-    python3 bench/sm_share.py [--seconds 3] [--no-mps] [--kernels long|short|both] [--json OUT]
+    python3 bench/sm_share.py [--seconds 3] [--no-mps] [--kernels long|short|both|matmul] [--json OUT]
     python3 bench/sm_share.py --arrivals [--runs 5] ...   containers that start apart (ARRIVALS), each row
                                                           run N times: the median and the spread of every
                                                           container, the bare rows of the same run beside
@@ -21,6 +21,9 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+MATMUL_N = 1024  # bench/matmul_loop.py's matrices: about 30 us a float32 matmul on an H200
+MATMUL_ROWS = {"one process, 50", "two containers 50 / 50", "two containers 30 / 70",
+               "bare pair (time-slicing ceiling)"}
 sys.path.insert(0, str(ROOT / "tests" / "gpu"))
 sys.path.insert(0, str(ROOT))
 
@@ -89,7 +92,7 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=3.0)
     ap.add_argument("--no-mps", action="store_true")
     ap.add_argument("--json", type=Path)
-    ap.add_argument("--kernels", choices=["long", "short", "both"], default="both")
+    ap.add_argument("--kernels", choices=["long", "short", "both", "matmul"], default="both")
     ap.add_argument("--arrivals", action="store_true", help="the staggered-arrival rows instead")
     ap.add_argument("--runs", type=int, default=5, help="runs of each --arrivals row")
     ap.add_argument("--rows", default="", help="only the --arrivals rows whose name has this text")
@@ -101,15 +104,20 @@ def main() -> None:
         subprocess.run([os.environ.get("CC", "gcc"), "-O2", f"-I{header_dir()}",
                         str(ROOT / "c_src" / "tests" / "gpu" / "region_gpu.c"), "-o", str(exe), "-ldl"], check=True)
         shim = build_shim(tmp / "shim", compiler="gcc", glibc=None).library
-        runner = ShareRunner(exe, shim, tmp, args.seconds)
-        for iters, size in ((LONG_ITERS, "long"), (SHORT_ITERS, "short")):
-            if args.kernels not in (size, "both"):
-                continue
+        lead = 2.5
+        if args.kernels == "matmul":
+            exe, sizes, lead = ROOT / "bench" / "matmul_loop.py", [(MATMUL_N, "matmul")], 10.0
+        else:
+            sizes = [(i, s) for i, s in ((LONG_ITERS, "long"), (SHORT_ITERS, "short")) if args.kernels in (s, "both")]
+        runner = ShareRunner(exe, shim, tmp, args.seconds, lead)
+        for iters, size in sizes:
             print(f"== {size} kernels (SPIN_ITERS={iters}): bare {runner.bare(iters):.1f} kernels/s", flush=True)
             if args.arrivals:
                 arrivals(runner, iters, size, args.runs, not args.no_mps, tmp, table, args.rows)
                 continue
             rows = [(n, c, "shim") for n, c in ROWS] + [(n, c, "bare") for n, c in BARE]
+            if size == "matmul":  # a PyTorch process is slow to start: the rows the issue's figures name
+                rows = [r for r in rows if r[0] in MATMUL_ROWS]
             for name, cs, how in rows:
                 shares = runner.run(cs, iters, shim=how == "shim")
                 table.append({"kernels": size, "row": name, "shares": shares})

@@ -84,8 +84,13 @@ static unsigned int clamp32(size_t v)
 VGPU_HIDDEN CUresult vgpu_own_cuMemGetInfo(unsigned int *free, unsigned int *total)
 {
     size_t f, t;
-    CUresult rc = vgpu_own_cuMemGetInfo_v2(free ? &f : 0, total ? &t : 0); /* NULL: the driver answers */
+    CUresult rc;
 
+    /* NULL: the driver's own v1 answers (the real one says 201 with or without a context, where its v2
+     * accepts NULL and succeeds: a success here would then write through the NULL) */
+    if (!free || !total)
+        return VAR(cuMemGetInfo, CUresult(*)(unsigned int *, unsigned int *))(free, total);
+    rc = vgpu_own_cuMemGetInfo_v2(&f, &t);
     if (rc != CUDA_SUCCESS)
         return rc;
     *free = clamp32(f);

@@ -1875,10 +1875,13 @@ EXPORT CUresult cuMemGetInfo_v2(size_t *free_b, size_t *total_b)
     CUresult rc;
     COUNT(cuMemGetInfo_v2);
     NEED_INIT();
-    if (!free_b || !total_b)
-        return CUDA_ERROR_INVALID_VALUE;
-    if ((rc = mem_info(&f, &t)) == CUDA_SUCCESS)
-        *free_b = f, *total_b = t;
+    /* as the real driver (580) answers: NULL is no error, the other figure is still written */
+    if ((rc = mem_info(&f, &t)) == CUDA_SUCCESS) {
+        if (free_b)
+            *free_b = f;
+        if (total_b)
+            *total_b = t;
+    }
     return rc;
 }
 
@@ -1889,8 +1892,8 @@ EXPORT CUresult cuMemGetInfo(unsigned int *free_b, unsigned int *total_b)
     CUresult rc;
     COUNT(cuMemGetInfo);
     NEED_INIT();
-    if (!free_b || !total_b)
-        return CUDA_ERROR_INVALID_VALUE;
+    if (!free_b || !total_b) /* the real driver's v1 answers this, with a context or without */
+        return CUDA_ERROR_INVALID_CONTEXT;
     if ((rc = mem_info(&f, &t)) == CUDA_SUCCESS) {
         *free_b = f > UINT_MAX ? UINT_MAX : (unsigned int)f;
         *total_b = t > UINT_MAX ? UINT_MAX : (unsigned int)t;

@@ -27,8 +27,10 @@ def jain(xs: list[float]) -> float:
 
 
 class ShareRunner:
-    def __init__(self, exe: Path, shim: Path, tmp: Path, seconds: float = 3.0) -> None:
-        self.exe, self.shim, self.tmp, self.seconds = exe, shim, tmp, seconds
+    def __init__(self, exe: Path, shim: Path, tmp: Path, seconds: float = 3.0, lead: float = 2.5) -> None:
+        """`lead`: seconds from starting the processes to their loops' common start, time enough for every
+        process to have its context (a PyTorch process takes longer)"""
+        self.exe, self.shim, self.tmp, self.seconds, self.lead = exe, shim, tmp, seconds, lead
         self.node = tmp / "node"  # the activity board's directory (HAMi mounts /tmp/vgpulock there)
         self.node.mkdir(parents=True, exist_ok=True)
         self._bare: dict[int, float] = {}
@@ -45,7 +47,7 @@ class ShareRunner:
         one's; each container's share of a lone bare process over one common window that opens a second after
         the last arrival (so a late container meets the others busy, as a pod that starts later does).
         `trace`: a directory where each process writes its kernels' timeline (c<container>p<process>.txt)."""
-        start_at = time.monotonic() + 2.5  # after every process has its context
+        start_at = time.monotonic() + self.lead  # after every process has its context
         last = max(c.arrives for c in containers)
         window = (start_at + last + 1.0, start_at + last + 1.0 + self.seconds) if last else None
         tag = os.urandom(3).hex()
