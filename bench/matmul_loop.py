@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """A matmul loop with region_gpu's `loop` protocol, so tests/gpu/shares.py can run it as a container:
 
-    matmul_loop.py loop SECONDS     SPIN_ITERS: the square matrices' side (1024: about 30 us a matmul,
+    matmul_loop.py loop SECONDS     SPIN_ITERS: the square matrices' side (1024: about 60 us a matmul,
                                     float32, on an H200); syncs every 8 matmuls; LOOP_START_AT and
                                     LOOP_WINDOW as region_gpu.c reads them
 

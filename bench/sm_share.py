@@ -2,7 +2,7 @@
 """Compute shares on a real GPU, side by side: the shim's SM limits (one budget per container, each
 container its own region) beside bare time-slicing and MPS (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE), for
 a long-kernel (about 2.2 ms) and a short-kernel (about 29 us) compute-bound loop, or PyTorch matmuls (about
-30 us, bench/matmul_loop.py). Each figure is a container's kernels per second over one bare process alone.
+60 us, bench/matmul_loop.py). Each figure is a container's kernels per second over one bare process alone.
 
     python3 bench/sm_share.py [--seconds 3] [--no-mps] [--kernels long|short|both|matmul] [--json OUT]
     python3 bench/sm_share.py --arrivals [--runs 5] ...   containers that start apart (ARRIVALS), each row
@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-MATMUL_N = 1024  # bench/matmul_loop.py's matrices: about 30 us a float32 matmul on an H200
+MATMUL_N = 1024  # bench/matmul_loop.py's matrices: about 60 us a float32 matmul on an H200
 MATMUL_ROWS = {"one process, 50", "two containers 50 / 50", "two containers 30 / 70",
                "bare pair (time-slicing ceiling)"}
 sys.path.insert(0, str(ROOT / "tests" / "gpu"))
