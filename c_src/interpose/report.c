@@ -57,9 +57,8 @@ VGPU_EXPORT CUresult cuMemGetInfo_v2(size_t *free, size_t *total)
     int dev;
     CUresult rc;
 
-    if (!free || !total) /* the driver's own answer (CUDA_ERROR_INVALID_VALUE), never a success left unfilled */
-        return real(free, total);
-    rc = real(&f, &t);
+    /* NULL is the driver's to judge (580 accepts it and fills the other); what it fills is the limited figure */
+    rc = real(free ? &f : 0, total ? &t : 0);
     if (rc != CUDA_SUCCESS)
         return rc;
     dev = vgpu_dev_of_current_ctx();
@@ -69,8 +68,10 @@ VGPU_EXPORT CUresult cuMemGetInfo_v2(size_t *free, size_t *total)
         f = (size_t)limited_free(vgpu_budget_used(dev), limit, f);
         t = (size_t)limit;
     }
-    *free = f;
-    *total = t;
+    if (free)
+        *free = f;
+    if (total)
+        *total = t;
     return CUDA_SUCCESS;
 }
 VGPU_OWN_ALIAS(cuMemGetInfo_v2)
