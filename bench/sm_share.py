@@ -104,12 +104,12 @@ def main() -> None:
         subprocess.run([os.environ.get("CC", "gcc"), "-O2", f"-I{header_dir()}",
                         str(ROOT / "c_src" / "tests" / "gpu" / "region_gpu.c"), "-o", str(exe), "-ldl"], check=True)
         shim = build_shim(tmp / "shim", compiler="gcc", glibc=None).library
-        lead = 2.5
-        if args.kernels == "matmul":
-            exe, sizes, lead = ROOT / "bench" / "matmul_loop.py", [(MATMUL_N, "matmul")], 10.0
+        if args.kernels == "matmul":  # a PyTorch process takes longer to have its context
+            runner = ShareRunner(ROOT / "bench" / "matmul_loop.py", shim, tmp, args.seconds, lead=10.0)
+            sizes = [(MATMUL_N, "matmul")]
         else:
+            runner = ShareRunner(exe, shim, tmp, args.seconds)
             sizes = [(i, s) for i, s in ((LONG_ITERS, "long"), (SHORT_ITERS, "short")) if args.kernels in (s, "both")]
-        runner = ShareRunner(exe, shim, tmp, args.seconds, lead)
         for iters, size in sizes:
             print(f"== {size} kernels (SPIN_ITERS={iters}): bare {runner.bare(iters):.1f} kernels/s", flush=True)
             if args.arrivals:

@@ -1875,7 +1875,7 @@ EXPORT CUresult cuMemGetInfo_v2(size_t *free_b, size_t *total_b)
     CUresult rc;
     COUNT(cuMemGetInfo_v2);
     NEED_INIT();
-    /* as the real driver (580) answers: NULL is no error, the other figure is still written */
+    /* as the real driver (580) answers: NULL is no error (a success); the other figure is written */
     if ((rc = mem_info(&f, &t)) == CUDA_SUCCESS) {
         if (free_b)
             *free_b = f;
