@@ -17,7 +17,16 @@ enum vgpu_hook_idx {
     VGPU_NHOOKS
 };
 
-/* per-thread-stream variants of OWN entries: not exported, slots kept in C */
+/* VGPU_LIBOF_<name>: the library of a hook, a constant, so a variant's entry can name its base's */
+enum vgpu_hook_lib {
+#define HOOK(name, lib, kind) VGPU_LIBOF_##name = VGPU_LIB_##lib,
+#define VARIANT(name, base)
+#include "driver/hooks.def"
+#undef HOOK
+#undef VARIANT
+};
+
+/* the VARIANT spellings of OWN entries: not exported, slots kept in C */
 enum vgpu_var_idx {
 #define HOOK(name, lib, kind)
 #define VARIANT(name, base) VGPU_VAR_##name,

@@ -40,6 +40,14 @@ static const char *const var_name[VGPU_NVARS] = {
 #undef VARIANT
 };
 
+static const unsigned char var_lib[VGPU_NVARS] = {
+#define HOOK(name, lib, kind)
+#define VARIANT(name, base) VGPU_LIBOF_##base,
+#include "driver/hooks.def"
+#undef HOOK
+#undef VARIANT
+};
+
 /* What a PASS symbol becomes when the real library lacks it (or is missing). */
 static CUresult cuda_not_found(void)
 {
@@ -151,11 +159,13 @@ static void fill_slots(int lib)
             p = vgpu_resolve(hook_name[i], lib, 0);
         __atomic_store_n(&vgpu_real[i], p ? p : not_found_stub(lib), __ATOMIC_RELEASE);
     }
-    if (lib == VGPU_LIB_CUDA)
-        for (i = 0; i < VGPU_NVARS; i++) {
-            void *p = vgpu_resolve(var_name[i], lib, 0);
-            __atomic_store_n(&vgpu_real_var[i], p ? p : not_found_stub(lib), __ATOMIC_RELEASE);
-        }
+    for (i = 0; i < VGPU_NVARS; i++) {
+        void *p;
+        if (var_lib[i] != lib)
+            continue;
+        p = vgpu_resolve(var_name[i], lib, 0);
+        __atomic_store_n(&vgpu_real_var[i], p ? p : not_found_stub(lib), __ATOMIC_RELEASE);
+    }
 }
 
 static void open_lib(int lib, const char *soname)
@@ -212,7 +222,9 @@ VGPU_HIDDEN void *vgpu_var_resolve(int var)
 {
     void *fn;
 
-    vgpu_lib_init(VGPU_LIB_CUDA);
+    if (var < 0 || var >= VGPU_NVARS)
+        abort();
+    vgpu_lib_init(var_lib[var]);
     fn = __atomic_load_n(&vgpu_real_var[var], __ATOMIC_ACQUIRE);
-    return fn ? fn : (void *)cuda_not_found;
+    return fn ? fn : not_found_stub(var_lib[var]);
 }

@@ -133,3 +133,17 @@ OWN_LISTING(nvmlDeviceGetComputeRunningProcesses_v2, nvmlProcessInfo_v2_t)
 OWN_LISTING(nvmlDeviceGetGraphicsRunningProcesses, nvmlProcessInfo_v1_t)
 OWN_LISTING(nvmlDeviceGetGraphicsRunningProcesses_v2, nvmlProcessInfo_v2_t)
 OWN_LISTING(nvmlDeviceGetMPSComputeRunningProcesses, nvmlProcessInfo_v1_t)
+
+/* The spellings the vendor does not export (VARIANT lines): handed out by dlsym only, so a program
+ * that links to them directly reaches the driver's listing. _v3's record is the _v2 layout. */
+#define VARIANT_LISTING(name, record)                                                               \
+    VGPU_HIDDEN nvmlReturn_t vgpu_own_##name(nvmlDevice_t device, unsigned int *count, record *infos) \
+    {                                                                                               \
+        return own_listing((listing_fn)vgpu_var_fn(VGPU_VAR_##name), device, count, infos,          \
+                           sizeof(record));                                                         \
+    }
+
+VARIANT_LISTING(nvmlDeviceGetComputeRunningProcesses_v3, nvmlProcessInfo_t)
+VARIANT_LISTING(nvmlDeviceGetGraphicsRunningProcesses_v3, nvmlProcessInfo_t)
+VARIANT_LISTING(nvmlDeviceGetMPSComputeRunningProcesses_v2, nvmlProcessInfo_v2_t)
+VARIANT_LISTING(nvmlDeviceGetMPSComputeRunningProcesses_v3, nvmlProcessInfo_t)

@@ -43,7 +43,7 @@ static const struct wrapped wrapped[] = {
 #undef HOOK_STUB
 #define HOOK_PASS(name, idx, lib, fn, probe)
 #define HOOK_STUB(name, idx, lib, fn, probe)
-#define VARIANT(name, base) {#name, -1 - VGPU_VAR_##name, VGPU_LIB_CUDA, vgpu_own_##name},
+#define VARIANT(name, base) {#name, -1 - VGPU_VAR_##name, VGPU_LIBOF_##base, vgpu_own_##name},
 #include "driver/hooks.def"
 #undef HOOK
 #undef VARIANT

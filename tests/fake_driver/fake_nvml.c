@@ -480,3 +480,22 @@ EXPORT nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses(nvmlDevice_t d, unsi
 {
     return processes(d, count, infos, sizeof *infos);
 }
+
+/* the spellings newer than the vendor's surface (the shim hands them out by dlsym only) */
+EXPORT nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v3(nvmlDevice_t d, unsigned int *count,
+                                                             nvmlProcessInfo_t *infos)
+{
+    return processes(d, count, infos, sizeof *infos);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses_v2(nvmlDevice_t d, unsigned int *count,
+                                                               nvmlProcessInfo_v2_t *infos)
+{
+    return processes(d, count, infos, sizeof *infos);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses_v3(nvmlDevice_t d, unsigned int *count,
+                                                               nvmlProcessInfo_t *infos)
+{
+    return processes(d, count, infos, sizeof *infos);
+}

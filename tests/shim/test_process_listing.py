@@ -2,7 +2,8 @@
 whose host pid a live slot of the container's region records, as each of our processes writes the host pid its
 identity probe found. Two containers (two regions) on one fake GPU each see only their own; a process of no
 container is in neither. The memory figures are the driver's; the count / INSUFFICIENT_SIZE protocol is the
-driver's; without a limit the listing passes through unchanged."""
+driver's; without a limit the listing passes through unchanged. The spellings the vendor does not export (the
+_v3 listings nvml.h maps the unversioned names to, MPS _v2) are held too when a program takes them by dlsym."""
 from __future__ import annotations
 
 import subprocess
@@ -18,6 +19,7 @@ INSUFFICIENT_SIZE = 7  # NVML_ERROR_INSUFFICIENT_SIZE
 LISTER = r"""
 #define NVML_NO_UNVERSIONED_FUNC_DEFS
 #include <cuda.h>
+#include <dlfcn.h>
 #include <nvml.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,12 +29,23 @@ typedef nvmlReturn_t (*fn_t)(nvmlDevice_t, unsigned int *, void *);
 
 int main(int argc, char **argv)
 {
-    static const struct { const char *name; fn_t fn; size_t size; } fns[] = {
+    /* linked to (the names the shim exports), then dlsym'd as pynvml and dlopen users do (from the NVML
+       handle and RTLD_DEFAULT); the shim exports no _v3, so those reach it only through dlsym */
+    void *lib = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_NOLOAD);
+    struct { const char *name; fn_t fn; size_t size; } fns[] = {
         {"compute", (fn_t)nvmlDeviceGetComputeRunningProcesses, sizeof(nvmlProcessInfo_v1_t)},
         {"compute_v2", (fn_t)nvmlDeviceGetComputeRunningProcesses_v2, sizeof(nvmlProcessInfo_v2_t)},
         {"graphics", (fn_t)nvmlDeviceGetGraphicsRunningProcesses, sizeof(nvmlProcessInfo_v1_t)},
         {"graphics_v2", (fn_t)nvmlDeviceGetGraphicsRunningProcesses_v2, sizeof(nvmlProcessInfo_v2_t)},
         {"mps", (fn_t)nvmlDeviceGetMPSComputeRunningProcesses, sizeof(nvmlProcessInfo_v1_t)},
+        {"compute_v2_dlsym", (fn_t)dlsym(lib, "nvmlDeviceGetComputeRunningProcesses_v2"),
+         sizeof(nvmlProcessInfo_v2_t)},
+        {"compute_v3", (fn_t)dlsym(lib, "nvmlDeviceGetComputeRunningProcesses_v3"), sizeof(nvmlProcessInfo_t)},
+        {"graphics_v3", (fn_t)dlsym(lib, "nvmlDeviceGetGraphicsRunningProcesses_v3"), sizeof(nvmlProcessInfo_t)},
+        {"mps_v2", (fn_t)dlsym(lib, "nvmlDeviceGetMPSComputeRunningProcesses_v2"), sizeof(nvmlProcessInfo_v2_t)},
+        {"mps_v3", (fn_t)dlsym(lib, "nvmlDeviceGetMPSComputeRunningProcesses_v3"), sizeof(nvmlProcessInfo_t)},
+        {"compute_v3_default", (fn_t)dlsym(RTLD_DEFAULT, "nvmlDeviceGetComputeRunningProcesses_v3"),
+         sizeof(nvmlProcessInfo_t)},
     };
     CUdevice d;
     CUcontext c;
@@ -49,8 +62,15 @@ int main(int argc, char **argv)
 
     for (size_t f = 0; !hold && f < sizeof fns / sizeof fns[0]; f++) {
         unsigned n = 0, room, i;
-        nvmlReturn_t rc = fns[f].fn(h, &n, NULL);
-        unsigned char *buf = calloc(n + 1, fns[f].size);
+        nvmlReturn_t rc;
+        unsigned char *buf;
+
+        if (!fns[f].fn) {
+            printf("%s missing\n", fns[f].name);
+            continue;
+        }
+        rc = fns[f].fn(h, &n, NULL);
+        buf = calloc(n + 1, fns[f].size);
 
         printf("%s size %d %u\n", fns[f].name, rc, n);
         room = n;
@@ -81,6 +101,8 @@ int main(int argc, char **argv)
 }
 """
 
+DLSYMD = {"compute_v2_dlsym", "compute_v3", "graphics_v3", "mps_v2", "mps_v3", "compute_v3_default"}
+SPELLINGS = {"compute", "compute_v2", "graphics", "graphics_v2", "mps"} | DLSYMD
 LIMITED = {"CUDA_DEVICE_MEMORY_LIMIT": "1000m", "FAKE_CUDA_CTX_MB": "100", "FAKE_CUDA_MEM_MB": "4096",
            "FAKE_NVML_PID_OFFSET": str(K)}
 
@@ -138,7 +160,9 @@ def test_two_containers_on_one_gpu_each_see_only_their_own_processes(env: Env, t
                 assert set(entries) == {str(me), str(sibling)}, (name, r)
                 assert entries[str(sibling)] == used, (name, r)  # the driver's own figure
                 assert r["small"] == [str(INSUFFICIENT_SIZE), "2"], (name, r)  # too small: the count needed
-            assert set(seen) == {"compute", "compute_v2", "graphics", "graphics_v2", "mps"}
+            assert set(seen) == SPELLINGS
+            # a dlsym'd spelling the vendor does not export is filtered exactly as the exported _v2 is
+            assert all(seen[v]["list"] == seen["compute_v2"]["list"] for v in DLSYMD), seen
 
 
 def test_without_a_limit_the_listing_passes_through(env: Env, tmp_path: Path) -> None:
@@ -146,6 +170,7 @@ def test_without_a_limit_the_listing_passes_through(env: Env, tmp_path: Path) ->
     extra = {k: v for k, v in LIMITED.items() if k != "CUDA_DEVICE_MEMORY_LIMIT"}
     me, seen = run_lister(env, exe, {**extra, "CUDA_DEVICE_MEMORY_SHARED_CACHE": str(tmp_path / "c.cache"),
                                      "FAKE_NVML_OTHERS": "4242:30,4343:40"})
+    assert set(seen) == SPELLINGS  # the _v3 spellings too: the driver's answer
     for name, r in seen.items():
         assert r["size"] == [str(INSUFFICIENT_SIZE), "3"], (name, r)
         entries = dict(e.split(":") for e in r["list"][2:])
