@@ -65,7 +65,7 @@
  *
  * Policy: GPU_CORE_UTILIZATION_POLICY=force always throttles, =disable never; otherwise we follow
  * the monitor's utilization_switch in the region (it lifts throttling when the GPU is not
- * contended). The percent in force is limits/'s rule (vgpu_region_sm_limit): the stricter of the
+ * contended). The percent in force is limits/'s rule (sm_in_force): the stricter of the
  * region's and this process's env, so a process that lost the container's environment still
  * holds the region's limit.
  *
@@ -208,13 +208,19 @@ __attribute__((constructor)) static void limiter_ctor(void)
     vgpu_limiter_load_env(); /* env only: no driver, no thread */
 }
 
+/* the SM percent in force, 0 = none: limits/ decides over the region's raw word and the env, the stricter */
+static uint64_t sm_in_force(int dev)
+{
+    return vgpu_limit_in_force(vgpu_sm_norm(vgpu_region_stored_sm_limit(dev)), vgpu_limits_env_sm(dev));
+}
+
 static int percent_of(const vgpu_region_t *r, int dev)
 {
     uint64_t pct;
 
     if (dev < 0 || dev >= VGPU_MAX_DEVICES || policy == VGPU_POLICY_DISABLE)
         return 0;
-    pct = vgpu_region_sm_limit(dev); /* limits/ decides: region and env, the stricter */
+    pct = sm_in_force(dev);
     if (!pct)
         return 0;
     if (policy == VGPU_POLICY_DEFAULT && r && !__atomic_load_n(&r->utilization_switch, __ATOMIC_RELAXED))

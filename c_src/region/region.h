@@ -128,9 +128,9 @@ VGPU_HIDDEN const char *vgpu_region_table_insane(const vgpu_region_t *r);
 /* the region's stored memory limit word for dev, raw (0: none, or not attached); the limit in force
  * is limits/' rule over it and the env (vgpu_limit_in_force), applied by accounting/budget.c */
 VGPU_HIDDEN uint64_t vgpu_region_stored_limit(int dev);
-/* the SM percent in force (limits/' rule over the region's word and the env), for the limiter:
- * 0 = none (the region's 0 and >= 100 both mean none) */
-VGPU_HIDDEN uint64_t vgpu_region_sm_limit(int dev);
+/* the region's stored SM percent word for dev, raw (0: none or not attached; the vendor's 100 is
+ * none too); the percent in force is limits/' rule over it and the env, applied by limiter/limiter.c */
+VGPU_HIDDEN uint64_t vgpu_region_stored_sm_limit(int dev);
 
 /* the container's compute ledger entry for dev (layout.h), NULL when not attached; the limiter
  * owns what the words mean */

@@ -1,10 +1,9 @@
 /* Accounting on this process's own slot of the attached region: reserve and release against a
- * limit the caller passes in (accounting/budget.c reads the limit in force once: limits/ decides
- * it, region/ only stores the region's word), the compute ledger, and the exit holds dropped before
- * a report. Above shm.c (which slot is ours, the mapping) and slots.c (sums, reaping, the shadow). */
+ * limit the caller passes in (accounting/budget.c reads the limit in force once, limiter/limiter.c
+ * the SM percent: limits/ decides, region/ only stores the region's words), the compute ledger,
+ * and the exit holds dropped before a report. Above shm.c (which slot is ours, the mapping) and slots.c (sums, reaping, the shadow). */
 #include <stdint.h>
 
-#include "limits/limits.h"
 #include "log/log.h"
 #include "region/region.h"
 
@@ -36,16 +35,11 @@ VGPU_HIDDEN uint64_t vgpu_region_stored_limit(int dev)
     return r && dev >= 0 && dev < VGPU_MAX_DEVICES ? __atomic_load_n(&r->limit[dev], __ATOMIC_RELAXED) : 0;
 }
 
-/* the limiter's percent in force (limiter/ reads it here; limits/ decides: vgpu_limit_in_force) */
-VGPU_HIDDEN uint64_t vgpu_region_sm_limit(int dev)
+VGPU_HIDDEN uint64_t vgpu_region_stored_sm_limit(int dev)
 {
     vgpu_region_t *r = vgpu_region_get();
-    uint64_t v;
 
-    if (dev < 0 || dev >= VGPU_MAX_DEVICES)
-        return 0;
-    v = r ? __atomic_load_n(&r->sm_limit[dev], __ATOMIC_RELAXED) : 0;
-    return vgpu_limit_in_force(vgpu_sm_norm(v), vgpu_limits_env_sm(dev));
+    return r && dev >= 0 && dev < VGPU_MAX_DEVICES ? __atomic_load_n(&r->sm_limit[dev], __ATOMIC_RELAXED) : 0;
 }
 
 /* Publish the claim as pending (a seq_cst add to our slot's used[dev].unused[2], a word the monitor
