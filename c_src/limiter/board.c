@@ -33,7 +33,10 @@
  *   the board, kept by the kernel while the owner lives and dropped when it dies, which no write to
  *   the file can take away; the writer rewrites its whole entry on every mark, so a zeroed or junk
  *   entry is mended within a millisecond of its owner's next launch; a tenant that holds every lock
- *   does not keep newcomers off: they use entries that show no use, without the lock;
+ *   does not keep newcomers off: they use entries that show no use, without the lock, or, when NVML
+ *   counts far fewer processes than locks are held, forged ones (forged_free); an owner whose entry
+ *   is taken over moves, and readers follow its owner word from entry to entry; a process that finds
+ *   no entry reads the others and tries again every RETRY_NS;
  * - an entry counts only when its checksum holds and its times make sense (a stretch ending more
  *   than HOLD_NS ahead, a running sum growing faster than the clock: not believed); a live owner's
  *   entry that reads as junk keeps the rate of growth last seen, and once readable again its real
@@ -65,9 +68,14 @@
 #define MARK_EVERY_NS 1000000ll
 #define LIVENESS_EVERY_NS 100000000ll
 #define TAKEOVER_NS 1000000000ll /* a full board: an entry idle this long may be used without its lock */
+#define RETRY_NS 100000000ll     /* a process without an entry tries again this often */
+#define PROBE_NS 50000000ll      /* the least time over which an entry's growth tells use from a forgery */
+#define SLACK 8                  /* lock holders beyond the GPU's own process count believed real */
 #define SAMPLE_EVERY_NS 250000ll /* looks closer together than this add no sample */
 #define HIST 512                 /* samples kept: at a harvest every 2 ms, a second of history */
 #define MAX_OTHERS 8             /* no look counts more than this many others busy at once */
+#define GONE 8                   /* owners whose entry was taken over, kept in case they turn up elsewhere */
+#define GONE_NS 250000000ll      /* ... for this long, guessed busy at their last rate meanwhile */
 #define BOARD_MAGIC 0x766770752d627232ull /* "vgpu-br2" */
 #define ENTRY_MAGIC 0x9e3779b97f4a7c15ull /* folded into each entry's checksum */
 #define DEFAULT_DIR "/tmp/vgpulock"
@@ -95,6 +103,7 @@ struct seen {
     int64_t guessed;  /* added since, at its last rate, while it read as junk */
     int64_t rate_ppm; /* its busy ns per million ns, lately */
     int64_t until;    /* the end of the stretch it last showed */
+    uint32_t tag;     /* its container */
     int busy;         /* busy at the last look */
 };
 
@@ -102,8 +111,17 @@ static struct board {
     pthread_mutex_t mu;  /* joining, and our entry's rewrites */
     pthread_mutex_t rmu; /* looks and the history */
     int state;           /* 0 not tried, 1 joined, -1 unusable */
+    int dev;
+    int (*procs)(int dev); /* the GPU's own count of processes with a context (NVML), us included; -1 unknown */
     int fd;              /* the board; our entry's liveness lock is on this description */
-    int index;           /* our entry, 1..ENTRIES */
+    int index;           /* atomic: our entry, 1..ENTRIES; 0: none yet (a full board: we only read) */
+    int64_t retry_at;    /* atomic: without an entry, when to try for one again */
+    int said_full;
+    struct probe {               /* the board as a try for an entry found it full */
+        entry_t copy[ENTRIES + 1];
+        ssize_t n;
+        int64_t at;              /* 0: none */
+    } probe[2];                  /* two, so that one is always old enough to judge by (forged_free) */
     int locked;          /* we hold its liveness lock (else it was taken from a tenant holding every lock) */
     entry_t mine;        /* our entry as we last wrote it */
     int64_t marked;      /* our last busy mark */
@@ -111,6 +129,8 @@ static struct board {
     char path[512];
     entry_t copy[ENTRIES + 1];    /* the last look's private copy of the board */
     struct seen seen[ENTRIES + 1];
+    struct seen gone[GONE];       /* followed owners last seen at an entry someone else now shows */
+    unsigned gone_head;
     int64_t checked[ENTRIES + 1]; /* when each entry's liveness was last probed */
     char dead[ENTRIES + 1];       /* what that probe said */
     int busy_now;                 /* others busy at the last look */
@@ -173,20 +193,31 @@ static void keep_unlocked(struct board *b)
         return;
     }
     if (pread(b->fd, &there, sizeof there, (off_t)(sizeof(entry_t) * (size_t)b->index)) == (ssize_t)sizeof there &&
-        there.owner != nonce && !there.freed && readable(&there, now, &running) && (i = find_entry(b, now)) > 0)
-        b->index = i; /* our running sum moves with us: readers follow the owner word */
+        there.owner != nonce && !there.freed && readable(&there, now, &running)) {
+        i = find_entry(b, now); /* our running sum moves with us */
+        if (i <= 0) /* nowhere else: we only read until a try finds one (never write over a real entry) */
+            __atomic_store_n(&b->retry_at, now + RETRY_NS, __ATOMIC_RELAXED);
+        __atomic_store_n(&b->index, i > 0 ? i : 0, __ATOMIC_RELAXED);
+    }
 }
 
-/* mu held: write our whole entry (a zeroed or junk copy in the file is mended by it) */
-static void put_mine(struct board *b)
+/* mu held: write our whole entry where it is */
+static void write_mine(struct board *b)
 {
-    if (!b->locked)
-        keep_unlocked(b);
     b->mine.sum = checksum(&b->mine);
     if (pwrite(b->fd, &b->mine, sizeof b->mine, (off_t)(sizeof(entry_t) * (size_t)b->index)) !=
         (ssize_t)sizeof b->mine) {
         /* a full disk or a file made read-only: the next mark tries again */
     }
+}
+
+/* mu held: write our whole entry (a zeroed or junk copy in the file is mended by it) */
+static void put_mine(struct board *b)
+{
+    if (b->index && !b->locked)
+        keep_unlocked(b);
+    if (b->index) /* else no entry: nothing of ours is on the board */
+        write_mine(b);
 }
 
 /* mu held: our busy stretch now ends at `until` (>= now); one that had ended before now is added
@@ -204,10 +235,25 @@ static void stretch_locked(struct board *b, int64_t now, int64_t until)
     put_mine(b);
 }
 
+static int claim(struct board *b, int64_t now);
+
+/* mu held: without an entry, try for one at most every RETRY_NS; 1 when we have one */
+static int have_entry(struct board *b, int64_t now)
+{
+    if (b->index)
+        return 1;
+    if (now < b->retry_at)
+        return 0;
+    __atomic_store_n(&b->retry_at, now + RETRY_NS, __ATOMIC_RELAXED);
+    return claim(b, now) == 0;
+}
+
 static void stretch(struct board *b, int64_t now, int64_t until)
 {
+    if (!__atomic_load_n(&b->index, __ATOMIC_RELAXED) && now < __atomic_load_n(&b->retry_at, __ATOMIC_RELAXED))
+        return; /* we only read until the next try for an entry */
     pthread_mutex_lock(&b->mu);
-    if (b->state > 0)
+    if (b->state > 0 && have_entry(b, now))
         stretch_locked(b, now, until);
     pthread_mutex_unlock(&b->mu);
 }
@@ -231,6 +277,10 @@ static void release_all(void)
         int64_t now = fine_ns();
         if (__atomic_load_n(&b->state, __ATOMIC_ACQUIRE) <= 0 || pthread_mutex_trylock(&b->mu) != 0)
             continue; /* a thread of ours is writing it: never wait at exit */
+        if (!b->index) {
+            pthread_mutex_unlock(&b->mu);
+            continue;
+        }
         if (b->mine.until > now)
             b->mine.until = now;
         if (b->mine.until > b->mine.since)
@@ -259,7 +309,11 @@ static void atfork_child(void)
         b->waiting = 0;
         b->looked = 0;
         b->count = 0;
+        b->index = 0;
+        b->retry_at = 0;
+        b->probe[0].at = b->probe[1].at = 0;
         memset(b->seen, 0, sizeof b->seen);
+        memset(b->gone, 0, sizeof b->gone);
         if (b->state > 0)
             b->state = 0; /* join again, with an entry of its own */
     }
@@ -327,30 +381,76 @@ static int live_lock(int fd, int i, short type, int probe)
     return probe ? l.l_type != F_UNLCK : 0;
 }
 
+/* mu held: every liveness lock is held, and the content under each shows use. When the GPU's own count of
+ * processes (NVML, which no file can forge) is well below the board's 63, most holders have no context on
+ * the GPU at all: a tenant filling the board, and an entry is taken without its lock, at random so that
+ * newcomers spread out. Preferred: one whose running sum did not grow at all since an earlier copy of the
+ * board (at least PROBE_NS old; two copies are kept, the newer replaced only once it is that old, so one is
+ * always ready), which is no busy process's; else any (forged busy, as the count says most are). A real
+ * owner whose entry we took writes it again at its next mark and we move on; a forger that overwrites ours
+ * makes us move too, and readers follow our owner word (grew()). -1: none. */
+static int forged_free(struct board *b, const entry_t *copy, ssize_t n, int64_t now)
+{
+    int cand[ENTRIES], nc = 0, i, procs = b->procs ? b->procs(b->dev) : -1;
+    struct probe *old = b->probe[0].at <= b->probe[1].at ? &b->probe[0] : &b->probe[1];
+    struct probe *young = old == &b->probe[0] ? &b->probe[1] : &b->probe[0], *p;
+    int64_t then, running;
+    uint64_t x;
+
+    if (procs < 1 || procs + SLACK >= ENTRIES)
+        return -1; /* unknown, or as many processes as entries: the holders may all be real */
+    p = young->at && now - young->at >= PROBE_NS ? young : old->at && now - old->at >= PROBE_NS ? old : 0;
+    if (p)
+        for (i = 1; i <= ENTRIES; i++)
+            if (i != b->index && (size_t)p->n >= sizeof(entry_t) * (size_t)(i + 1) &&
+                (size_t)n >= sizeof(entry_t) * (size_t)(i + 1) && copy[i].owner == p->copy[i].owner &&
+                readable(&p->copy[i], p->at, &then) && readable(&copy[i], now, &running) &&
+                running == then)
+                cand[nc++] = i;
+    if (!young->at || now - young->at >= PROBE_NS) { /* the older one goes: the newer stays to judge by */
+        memcpy(old->copy, copy, sizeof old->copy);
+        old->n = n;
+        old->at = now;
+    }
+    if (!nc) /* every entry grows: forged busy (the count says most are), so any of them, but never ours */
+        for (i = 1; i <= ENTRIES; i++)
+            if (i != b->index)
+                cand[nc++] = i;
+    x = nonce ^ (uint64_t)now;
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdull;
+    x ^= x >> 33;
+    return cand[x % (uint64_t)nc];
+}
+
 /* mu held: an entry for us. The first whose liveness lock nobody holds is ours, whatever the file says of
  * it. When someone holds every lock (a tenant filling the board, or 63 processes), one whose content shows
- * no use (junk, freed, or idle for TAKEOVER_NS) is taken without its lock; put_mine() gives it up when its
- * lock holder writes a real entry there again. -1 when there is none. */
+ * no use (junk, freed, or idle for TAKEOVER_NS) is taken without its lock, else one that forged_free()
+ * shows to be a forgery's; put_mine() gives it up when its lock holder writes a real entry there again.
+ * -1 when there is none. */
 static int find_entry(struct board *b, int64_t now)
 {
     entry_t copy[ENTRIES + 1];
     ssize_t n;
     int64_t running;
-    int i;
+    int i, held = 0;
 
-    for (i = 1; i <= ENTRIES; i++)
+    for (i = 1; i <= ENTRIES; i++) {
         if (live_lock(b->fd, i, F_WRLCK, 0) == 0) {
             b->locked = 1;
             return i;
         }
+        held += errno == EAGAIN || errno == EACCES; /* not: no OFD locks here */
+    }
     n = pread(b->fd, copy, sizeof copy, 0);
+    if (n < 0)
+        n = 0;
+    b->locked = 0;
     for (i = 1; i <= ENTRIES; i++)
         if (i != b->index && ((size_t)n < sizeof(entry_t) * (size_t)(i + 1) || !readable(&copy[i], now, &running) ||
-                              copy[i].freed || copy[i].until < now - TAKEOVER_NS)) {
-            b->locked = 0;
+                              copy[i].freed || copy[i].until < now - TAKEOVER_NS))
             return i;
-        }
-    return -1;
+    return held == ENTRIES ? forged_free(b, copy, n, now) : -1;
 }
 
 /* mu held: take an entry and write our fresh one there */
@@ -365,8 +465,8 @@ static int claim(struct board *b, int64_t now)
     b->mine.since = b->mine.until = b->mine.born = now;
     b->mine.pid = (int32_t)getpid();
     b->mine.tag = my_tag;
-    b->index = i;
-    put_mine(b);
+    __atomic_store_n(&b->index, i, __ATOMIC_RELAXED);
+    write_mine(b); /* over what is there: find_entry() decided it is ours */
     return 0;
 }
 
@@ -374,6 +474,7 @@ static void look_locked(struct board *b, int64_t now);
 
 static void open_board(struct board *b, int dev, const char *key)
 {
+    int64_t now;
     const char *dir = getenv("VGPU_NODE_DIR");
     char clean[100];
     size_t i, n = 0;
@@ -391,11 +492,13 @@ static void open_board(struct board *b, int dev, const char *key)
         snprintf(b->path, sizeof b->path, "%s/" FILE_PREFIX "%s", dir, clean);
     if ((b->fd = open_file(b->path)) < 0)
         return;
-    if (claim(b, fine_ns()) != 0) {
-        VGPU_INFO("GPU activity board %s is full: device %d's kernels are charged as if alone", b->path, dev);
-        close(b->fd);
-        b->fd = -1;
-        return;
+    b->dev = dev;
+    now = fine_ns();
+    if (claim(b, now) != 0) { /* we read the others, and try again for an entry at our next launches */
+        __atomic_store_n(&b->retry_at, now + RETRY_NS, __ATOMIC_RELAXED);
+        if (!b->said_full++)
+            VGPU_INFO("GPU activity board %s is full: device %d only reads it until an entry frees up", b->path,
+                      dev);
     }
     pthread_mutex_lock(&b->rmu);
     look_locked(b, fine_ns()); /* the history starts at the join */
@@ -403,7 +506,7 @@ static void open_board(struct board *b, int dev, const char *key)
     __atomic_store_n(&b->state, 1, __ATOMIC_RELEASE);
 }
 
-VGPU_HIDDEN int vgpu_board_join(int dev, const char *key, uint32_t tag)
+VGPU_HIDDEN int vgpu_board_join(int dev, const char *key, uint32_t tag, int (*procs)(int dev))
 {
     struct board *b;
 
@@ -415,6 +518,7 @@ VGPU_HIDDEN int vgpu_board_join(int dev, const char *key, uint32_t tag)
     if (VGPU_LIKELY(__atomic_load_n(&b->state, __ATOMIC_ACQUIRE)))
         return b->state > 0 ? 0 : -1;
     pthread_mutex_lock(&b->mu);
+    b->procs = procs;
     if (!b->state)
         open_board(b, dev, key);
     pthread_mutex_unlock(&b->mu);
@@ -513,6 +617,7 @@ static int64_t grew(struct board *b, int i, const entry_t *e, int ok, int64_t ru
 {
     struct seen *s = &b->seen[i];
     int64_t d, span;
+    unsigned g;
 
     if (!ok) {
         if (!s->owner || entry_dead(b, i, now)) {
@@ -524,6 +629,12 @@ static int64_t grew(struct board *b, int i, const entry_t *e, int ok, int64_t ru
         s->guessed += d;
         return d;
     }
+    for (g = 0; g < GONE; g++)
+        if (b->gone[g].owner == e->owner) { /* it moved here: followed on, its guess replaced by the truth */
+            if (s->owner != e->owner)
+                *s = b->gone[g];
+            b->gone[g].owner = 0;
+        }
     if (s->owner != e->owner) { /* new to us: only what it did since it took the entry, and since our last look */
         span = now - (e->born > b->looked ? e->born : b->looked);
         d = !b->looked ? 0 : running < span ? running : span;
@@ -539,6 +650,7 @@ static int64_t grew(struct board *b, int i, const entry_t *e, int ok, int64_t ru
     if (!e->freed && entry_dead(b, i, now))
         d = 0; /* died: when, nobody can tell, and its last mark may reach far ahead */
     s->owner = e->owner;
+    s->tag = e->tag;
     s->until = e->freed ? 0 : e->until;
     s->running = running;
     s->at = now;
@@ -548,26 +660,66 @@ static int64_t grew(struct board *b, int i, const entry_t *e, int ok, int64_t ru
     return d;
 }
 
+/* rmu held: an owner we followed shows no more at its entry (someone else's is there: it was taken without
+ * its lock, and the owner moves at its next launch, or it died): kept GONE_NS in case it turns up, busy as
+ * far as its stretch reached and then at its last rate meanwhile, so the time it takes to move is not lost.
+ * One that showed no use is not kept (a forger's idle entries would push real owners out). */
+static void lose(struct board *b, struct seen *s)
+{
+    if (s->busy || s->rate_ppm > 0)
+        b->gone[b->gone_head++ % GONE] = *s;
+    s->owner = 0;
+}
+
+/* rmu held: what the owners we lost were busy since the last look (dt ago); busy, foreign: counted in */
+static int64_t guess_gone(struct board *b, int64_t now, int64_t dt, int *busy, int *foreign)
+{
+    int64_t d, sum = 0;
+    unsigned g;
+
+    for (g = 0; g < GONE; g++) {
+        struct seen *s = &b->gone[g];
+        if (!s->owner)
+            continue;
+        if (now - s->at > GONE_NS) {
+            s->owner = 0; /* died, or reading only: gone for good */
+            continue;
+        }
+        d = now <= s->until ? dt : dt * s->rate_ppm / 1000000;
+        s->guessed += d;
+        sum += d;
+        *busy += now <= s->until;
+        *foreign += now <= s->until && s->tag != my_tag;
+    }
+    return sum;
+}
+
 /* rmu held: look at the board now; add the others' growth to the history */
 static void look_locked(struct board *b, int64_t now)
 {
     ssize_t n = pread(b->fd, b->copy, sizeof b->copy, 0);
-    int64_t dt = b->looked ? now - b->looked : 0, sum = 0, running;
-    int i, ok, busy = 0, foreign = 0;
+    int64_t dt = b->looked ? now - b->looked : 0, sum = 0, running[ENTRIES + 1];
+    int i, mine = __atomic_load_n(&b->index, __ATOMIC_RELAXED), busy = 0, foreign = 0;
+    char ok[ENTRIES + 1];
 
     if (n < 0)
         n = 0;
+    for (i = 1; i <= ENTRIES; i++) { /* first every owner that left its entry, then those that turn up */
+        ok[i] = i != mine && (size_t)n >= sizeof(entry_t) * (size_t)(i + 1) && readable(&b->copy[i], now, &running[i]);
+        if (ok[i] && b->seen[i].owner && b->seen[i].owner != b->copy[i].owner)
+            lose(b, &b->seen[i]);
+    }
     for (i = 1; i <= ENTRIES; i++) {
         const entry_t *e = &b->copy[i];
-        if (i == b->index)
+        if (i == mine)
             continue;
-        ok = (size_t)n >= sizeof(entry_t) * (size_t)(i + 1) && readable(e, now, &running);
-        sum += grew(b, i, e, ok, ok ? running : 0, now, dt);
-        if (ok)
+        sum += grew(b, i, e, ok[i], ok[i] ? running[i] : 0, now, dt);
+        if (ok[i])
             b->seen[i].busy = !e->freed && e->until > now && !entry_dead(b, i, now);
         busy += b->seen[i].owner && b->seen[i].busy; /* junk now: as it was at the last readable look */
-        foreign += b->seen[i].owner && b->seen[i].busy && (!ok || e->tag != my_tag);
+        foreign += b->seen[i].owner && b->seen[i].busy && (!ok[i] || e->tag != my_tag);
     }
+    sum += guess_gone(b, now, dt, &busy, &foreign);
     if (sum > dt * MAX_OTHERS)
         sum = dt * MAX_OTHERS;
     b->busy_now = busy < MAX_OTHERS ? busy : MAX_OTHERS;

@@ -8,9 +8,11 @@
 #include "vgpu.h"
 
 /* Join device dev's board (key: the device's UUID, which names the file; tag: our container, the same
- * for every process of it); 0 when joined, -1 when there is no usable board. The first call opens it;
+ * for every process of it; procs: the GPU's own count of processes with a context on dev, us included,
+ * -1 unknown, which tells a board filled by a forger from a full one); 0 when joined (on a full board:
+ * reading only, until an entry frees up), -1 when there is no usable board. The first call opens it;
  * later calls are two loads. */
-VGPU_HIDDEN int vgpu_board_join(int dev, const char *key, uint32_t tag);
+VGPU_HIDDEN int vgpu_board_join(int dev, const char *key, uint32_t tag, int (*procs)(int dev));
 /* 0 not tried yet, 1 joined, -1 unusable */
 VGPU_HIDDEN int vgpu_board_state(int dev);
 /* we launched on dev: busy for the next little while (a store at most once a millisecond) */

@@ -334,7 +334,7 @@ static void board_join(int dev)
 
     if (ops.device_key(dev, key, sizeof key) != 0)
         key[0] = 0; /* no UUID: no board (a file named by ordinal would mix up GPUs across containers) */
-    vgpu_board_join(dev, key, container_tag());
+    vgpu_board_join(dev, key, container_tag(), ops.gpu_procs);
 }
 
 /* ---- measuring ---- */

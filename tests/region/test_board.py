@@ -41,11 +41,19 @@ static void sleep_ms(long ms)
     nanosleep(&ts, 0);
 }
 
+/* the GPU's own process count the limiter would pass (NVML's): BOARD_PROCS, else unknown */
+static int procs(int dev)
+{
+    const char *n = getenv("BOARD_PROCS");
+    (void)dev;
+    return n ? atoi(n) : -1;
+}
+
 int main(int argc, char **argv)
 {
     char line[256];
 
-    if (vgpu_board_join(0, "GPU-test", 7) != 0) {
+    if (vgpu_board_join(0, "GPU-test", 7, procs) != 0) {
         printf("no board\n");
         return 1;
     }
@@ -348,6 +356,71 @@ def test_a_tenant_holding_every_entry_keeps_nobody_off(board: Board) -> None:
         busy, _ = r.read(t0, t1)
         between(busy, bursts, t0, t1)
     finally:
+        os.close(fd)
+
+
+def test_a_board_filled_with_busy_forgeries_still_lets_newcomers_read(board: Board) -> None:
+    """Every liveness lock held and every entry forged busy: nothing there can be taken, yet a newcomer joins
+    (it read as "no board" and charged its kernels as if alone): it reads the others, at most 8 busy at a
+    look, and tries for an entry again at its launches."""
+    board.path.write_bytes(b"\0" * (ENTRY * (ENTRIES + 1)))
+    fd = hold_locks(board.path, range(1, ENTRIES + 1))
+    try:
+        forge_all(board.path, range(1, ENTRIES + 1))
+        r = board.reader()
+        t0 = r.look()
+        time.sleep(0.05)
+        t1 = r.look()
+        busy, others = r.read(t0, t1)
+        assert 0 < others <= 8 and busy <= 8 * (t1 - t0), (busy, others)
+    finally:
+        os.close(fd)
+
+
+def idle_entry(now: int) -> bytes:
+    """an entry that checks, showed use 1 ms ago and never grows: what a forger rewrites to look recent"""
+    head = struct.pack("<QqqqqiIQ", 0xBAD, now - 10**9, now - MS, 0, now - 10**9, 4242, 1, 0)
+    return head + struct.pack("<Q", entry_checksum(list(struct.unpack("<7Q", head))))
+
+
+def test_a_board_filled_by_a_forger_gives_an_entry_to_newcomers(board: Board) -> None:
+    """A forger holds every liveness lock and rewrites each entry every 100 ms as recently used, so none
+    looks free: the GPU's own count (3 processes) shows the holders are not on it, and an entry that does
+    not grow is taken without its lock. A newcomer's bursts are then counted by a reader, though the forger
+    keeps overwriting the entry it took (it moves to another, and the reader follows). Entries forged busy
+    are taken too (tests/region/test_sm_share.py: a reader counts those as busy, up to the census)."""
+    stop = threading.Event()
+
+    def forger() -> None:
+        while not stop.is_set():
+            now = time.monotonic_ns()
+            with open(board.path, "r+b") as f:
+                for i in range(1, ENTRIES + 1):
+                    f.seek(ENTRY * i)
+                    f.write(idle_entry(now))
+            stop.wait(0.1)
+
+    board.path.write_bytes(b"\0" * (ENTRY * (ENTRIES + 1)))
+    fd = hold_locks(board.path, range(1, ENTRIES + 1))
+    board.env["BOARD_PROCS"] = "3"
+    t = threading.Thread(target=forger, daemon=True)
+    t.start()
+    try:
+        time.sleep(0.15)
+        r = board.reader()
+        done = threading.Event()
+        threading.Thread(target=lambda: (r.ask("poll 600"), done.set()), daemon=True).start()
+        bursts = board.bursts(*[20, 10] * 12)  # ~360 ms: a reader keeps ~0.5 s of looks
+        assert done.wait(30)
+        later = bursts[6:]  # a try for an entry every 100 ms: it has one by the fifth burst
+        t0, t1 = later[0][0] - 5 * MS, later[-1][3] + 5 * MS
+        busy, _ = r.read(t0, t1)
+        least = sum(z0 - a1 for _, a1, z0, _ in later)
+        most = sum(z1 - a0 for a0, _, _, z1 in later)
+        assert 0.8 * least <= busy <= most + 40 * MS, (busy, least, most)
+    finally:
+        stop.set()
+        t.join()
         os.close(fd)
 
 

@@ -14,6 +14,7 @@ import shutil
 import signal
 import struct
 import subprocess
+import threading
 import time
 from pathlib import Path
 from typing import Callable
@@ -268,6 +269,43 @@ def test_a_tenant_filling_the_board_bends_no_share(sliced: Node) -> None:
     try:
         a, b = sliced.arrivals([(50, 0.0), (50, 0.3)])
     finally:
+        os.close(fd)
+    assert min(a, b) >= 0.9 * 0.5 * C2 and max(a, b) <= 0.53, (a, b)
+
+
+@pytest.mark.parametrize("forgery,every", [("busy", 0.001), ("busy", 0.05), ("idle", 0.1)])
+def test_a_forger_filling_the_board_bends_no_share(sliced: Node, forgery: str, every: float) -> None:
+    """A tenant holds all 63 liveness locks and keeps rewriting every entry, as busy or as recently used and
+    idle, so nothing looks free. The GPU's own count of 2 processes shows the holders are not on it: the 50s
+    take entries without the lock (idle-looking ones first) and move whenever the forger overwrites theirs,
+    and each follows the other's owner word. Reading only, each 50 could not see the other, and a late one
+    got 0.28-0.42 here. Both keep their bands."""
+    import test_board as tb
+
+    board = sliced.tmp / "node" / BOARD
+    board.write_bytes(b"\0" * 64 * 64)
+    fd = tb.hold_locks(board, range(1, 64))
+    stop = threading.Event()
+
+    def forger() -> None:
+        while not stop.is_set():
+            if forgery == "busy":
+                tb.forge_all(board, range(1, 64))
+            else:
+                now = time.monotonic_ns()
+                with open(board, "r+b") as f:
+                    for i in range(1, 64):
+                        f.seek(64 * i)
+                        f.write(tb.idle_entry(now))
+            stop.wait(every)
+
+    t = threading.Thread(target=forger, daemon=True)
+    t.start()
+    try:
+        a, b = sliced.arrivals([(50, 0.0), (50, 0.3)])
+    finally:
+        stop.set()
+        t.join()
         os.close(fd)
     assert min(a, b) >= 0.9 * 0.5 * C2 and max(a, b) <= 0.53, (a, b)
 
