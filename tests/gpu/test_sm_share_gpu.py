@@ -4,10 +4,12 @@ simulated GPU in CI; bench/sm_share.py prints the whole table beside MPS)."""
 from __future__ import annotations
 
 import os
+import subprocess
 import threading
 import time
 from pathlib import Path
 
+import board_forgery
 import pytest
 
 from .conftest import Gpu
@@ -96,3 +98,31 @@ def test_a_vandalised_board_crashes_nobody(runner: ShareRunner, attack: str) -> 
         t.join()
     print(f"\nFIGURE vandalised board ({attack}): 50 / 50 -> {got}")
     assert min(got) >= 0.85 * 0.5 * 0.9, got
+
+
+@pytest.mark.parametrize("forgery", ["busy", "idle"])
+def test_a_forger_filling_the_board_bends_no_share(runner: ShareRunner, forgery: str) -> None:
+    """A tenant holds all 63 liveness locks of the GPU's board and keeps rewriting every entry (busy every
+    millisecond, or recently used and idle every 100 ms) while a 50 runs and another arrives 0.3 s later: NVML
+    counts 2 processes, so they take entries without the lock and follow each other across them. Both exit 0
+    and keep their bands."""
+    uuid = subprocess.run(["nvidia-smi", "--query-gpu=uuid", "--format=csv,noheader", "-i", "0"],
+                          capture_output=True, text=True, check=True, timeout=60).stdout.strip()
+    board = runner.node / f"vgpu-patch-activity2-{uuid}"
+    board.unlink(missing_ok=True)
+    board.write_bytes(b"\0" * board_forgery.ENTRY * (board_forgery.ENTRIES + 1))
+    fd = board_forgery.hold_locks(board, range(1, board_forgery.ENTRIES + 1))
+    stop = threading.Event()
+    t = threading.Thread(target=board_forgery.keep_forging,
+                         args=(board, forgery, 0.001 if forgery == "busy" else 0.1, stop), daemon=True)
+    t.start()
+    try:
+        got = runner.run([Container(50), Container(50, arrives=0.3)], LONG_ITERS)
+    finally:
+        stop.set()
+        t.join()
+        os.close(fd)
+        board.unlink()  # the next test's processes make a board of their own
+    c2 = sum(runner.run([Container(None), Container(None)], LONG_ITERS, shim=False))
+    print(f"\nFIGURE forged board ({forgery}): 50 / 50 late -> {got} (C_2 {c2:.3f})")
+    assert min(got) >= 0.9 * 0.5 * c2 and max(got) <= 0.52, got

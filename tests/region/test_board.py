@@ -6,16 +6,15 @@ Each figure is checked against the writer's own clock readings around its marks,
 depends on how fast the machine is."""
 from __future__ import annotations
 
-import fcntl
 import os
 import signal
-import struct
 import subprocess
 import threading
 import time
 from pathlib import Path
 
 import pytest
+from board_forgery import ENTRIES, ENTRY, forge_all, hold_locks, keep_forging
 from regiontools import C_SRC, build_program
 
 from vgpu_patch.shim_build.build import header_dir
@@ -100,7 +99,6 @@ int main(int argc, char **argv)
 """
 
 BOARD_NAME = "vgpu-patch-activity2-GPU-test"
-ENTRY, ENTRIES = 64, 63
 
 
 @pytest.fixture(scope="module")
@@ -246,40 +244,6 @@ def test_a_killed_neighbour_counts_for_nothing(board: Board, board_exe: Path) ->
 
 # ---- a file every container can write ----
 
-def entry_checksum(words: list[int]) -> int:
-    """board.c's checksum() over an entry's first seven words"""
-    h = 0x9E3779B97F4A7C15
-    for w in words:
-        h ^= w
-        h = (h * 0xFF51AFD7ED558CCD) & (2**64 - 1)
-        h ^= h >> 33
-    return h | 1
-
-
-def forged_entry(now: int, busy: bool = True) -> bytes:
-    """an entry that checks: owner, since, until, total, born, pid, gen, spare, then the checksum"""
-    head = struct.pack("<QqqqqiIQ", 0xBAD, now - 10**9, now + (9 * 10**9 if busy else 0), 0, now - 10**9, 4242, 1, 0)
-    return head + struct.pack("<Q", entry_checksum(list(struct.unpack("<7Q", head))))
-
-
-def forge_all(path: Path, entries: range) -> None:
-    """busy entries that check, written over the given ones"""
-    now = time.monotonic_ns()
-    with open(path, "r+b") as f:
-        for i in entries:
-            f.seek(ENTRY * i)
-            f.write(forged_entry(now))
-
-
-def hold_locks(path: Path, entries: range) -> int:
-    """what an attacker does to keep forged entries 'alive': hold their liveness locks (OFD locks)"""
-    fd = os.open(path, os.O_RDWR)
-    for i in entries:
-        lk = struct.pack("hhqqi4x", fcntl.F_WRLCK, os.SEEK_SET, ENTRY * (ENTRIES + 1) + i, 1, 0)
-        fcntl.fcntl(fd, 37, lk)  # F_OFD_SETLK
-    return fd
-
-
 @pytest.mark.parametrize("attack", ["truncate", "zero", "junk"])
 def test_a_vandalised_board_never_faults_and_keeps_the_neighbour(board: Board, board_exe: Path, attack: str) -> None:
     """Truncated (a shared mapping would SIGBUS), zeroed or filled with junk over and over while a neighbour is
@@ -377,12 +341,6 @@ def test_a_board_filled_with_busy_forgeries_still_lets_newcomers_read(board: Boa
         os.close(fd)
 
 
-def idle_entry(now: int) -> bytes:
-    """an entry that checks, showed use 1 ms ago and never grows: what a forger rewrites to look recent"""
-    head = struct.pack("<QqqqqiIQ", 0xBAD, now - 10**9, now - MS, 0, now - 10**9, 4242, 1, 0)
-    return head + struct.pack("<Q", entry_checksum(list(struct.unpack("<7Q", head))))
-
-
 def test_a_board_filled_by_a_forger_gives_an_entry_to_newcomers(board: Board) -> None:
     """A forger holds every liveness lock and rewrites each entry every 100 ms as recently used, so none
     looks free: the GPU's own count (3 processes) shows the holders are not on it, and an entry that does
@@ -391,19 +349,10 @@ def test_a_board_filled_by_a_forger_gives_an_entry_to_newcomers(board: Board) ->
     are taken too (tests/region/test_sm_share.py: a reader counts those as busy, up to the census)."""
     stop = threading.Event()
 
-    def forger() -> None:
-        while not stop.is_set():
-            now = time.monotonic_ns()
-            with open(board.path, "r+b") as f:
-                for i in range(1, ENTRIES + 1):
-                    f.seek(ENTRY * i)
-                    f.write(idle_entry(now))
-            stop.wait(0.1)
-
     board.path.write_bytes(b"\0" * (ENTRY * (ENTRIES + 1)))
     fd = hold_locks(board.path, range(1, ENTRIES + 1))
     board.env["BOARD_PROCS"] = "3"
-    t = threading.Thread(target=forger, daemon=True)
+    t = threading.Thread(target=keep_forging, args=(board.path, "idle", 0.1, stop), daemon=True)
     t.start()
     try:
         time.sleep(0.15)

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
+import board_forgery
 import pytest
 from regiontools import C_SRC, CFLAGS, LIMITER_SOURCES, REGION_SOURCES, cc
 
@@ -261,11 +262,9 @@ def test_a_tenant_filling_the_board_bends_no_share(sliced: Node) -> None:
     """A tenant holds all 63 entries' liveness locks before two 50s start (claiming every free entry sent them
     to 0.33 / 0.34 on the H200 with the old board): they use idle entries without the lock and keep their
     bands."""
-    import test_board as tb
-
     board = sliced.tmp / "node" / BOARD
     board.write_bytes(b"\0" * 64 * 64)
-    fd = tb.hold_locks(board, range(1, 64))
+    fd = board_forgery.hold_locks(board, range(1, 64))
     try:
         a, b = sliced.arrivals([(50, 0.0), (50, 0.3)])
     finally:
@@ -280,26 +279,11 @@ def test_a_forger_filling_the_board_bends_no_share(sliced: Node, forgery: str, e
     take entries without the lock (idle-looking ones first) and move whenever the forger overwrites theirs,
     and each follows the other's owner word. Reading only, each 50 could not see the other, and a late one
     got 0.28-0.42 here. Both keep their bands."""
-    import test_board as tb
-
     board = sliced.tmp / "node" / BOARD
     board.write_bytes(b"\0" * 64 * 64)
-    fd = tb.hold_locks(board, range(1, 64))
+    fd = board_forgery.hold_locks(board, range(1, 64))
     stop = threading.Event()
-
-    def forger() -> None:
-        while not stop.is_set():
-            if forgery == "busy":
-                tb.forge_all(board, range(1, 64))
-            else:
-                now = time.monotonic_ns()
-                with open(board, "r+b") as f:
-                    for i in range(1, 64):
-                        f.seek(64 * i)
-                        f.write(tb.idle_entry(now))
-            stop.wait(every)
-
-    t = threading.Thread(target=forger, daemon=True)
+    t = threading.Thread(target=board_forgery.keep_forging, args=(board, forgery, every, stop), daemon=True)
     t.start()
     try:
         a, b = sliced.arrivals([(50, 0.0), (50, 0.3)])
@@ -314,16 +298,14 @@ def test_forged_contention_gains_nothing(sliced: Node) -> None:
     """Busy entries forged over the whole board, their liveness locks held by the forger, claim 62 busy
     neighbours: the limiter believes no more of them than the GPU's own process count (NVML), so a 10 beside
     a busy unlimited container keeps to its 10 (it got 0.84 of the GPU on the H200 with the old board)."""
-    import test_board as tb
-
     board = sliced.tmp / "node" / BOARD
     fds: list[int] = []
 
     def forge() -> None:
-        fds.append(tb.hold_locks(board, range(3, 64)))
+        fds.append(board_forgery.hold_locks(board, range(3, 64)))
         end = time.monotonic() + 1.4
         while time.monotonic() < end:
-            tb.forge_all(board, range(3, 64))
+            board_forgery.forge_all(board, range(3, 64))
             time.sleep(0.001)
 
     try:
