@@ -286,3 +286,18 @@ def test_the_docs_say_where_ansible_playbook_comes_from() -> None:
     for page in (ROOT / "ansible" / "README.md", ROOT / "docs" / "fleet.md"):
         text = " ".join(page.read_text().split())
         assert re.search(r"`ansible-playbook` comes with .{0,40}`\[inventory\]`", text), page
+
+
+def test_architecture_counts_are_hooks_defs() -> None:
+    """docs/architecture.md's counts of wrapped, passed-through and stub names are hooks.def's own."""
+    from vgpu_patch.shim_build.surface import parse_hooks
+
+    kinds = [h.kind for h in parse_hooks()]
+    variants = sum(line.startswith("VARIANT(") for line in
+                   (ROOT / "c_src" / "driver" / "hooks.def").read_text().splitlines())
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    want = (kinds.count("OWN"), kinds.count("PASS"), kinds.count("STUB"), variants)
+    m = re.search(r"\((\d+) OWN, (\d+) PASS, (\d+) STUB; plus (\d+) VARIANT", text)
+    assert m and tuple(map(int, m.groups())) == want, want
+    box = re.search(r"(\d+) OWN wrappers and (\d+) VARIANT spellings", text)
+    assert box and (int(box[1]), int(box[2])) == (want[0], want[3]), want

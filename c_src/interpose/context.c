@@ -9,12 +9,13 @@
 #include "interpose/nvml_dev.h"
 
 /* charge what such a context takes and create it (one that would not fit is refused first), then
- * measure; a context over the container's limit is destroyed again (undo) and refused */
-#define CREATED(dev, call, undo) \
+ * measure; a context over the container's limit is destroyed again (undo) and refused. Without an output
+ * (out NULL) the driver creates nothing and answers CUDA_ERROR_INVALID_VALUE: its answer, not a refusal. */
+#define CREATED(out, dev, call, undo) \
     __extension__({ \
         struct vgpu_ctx_probe p_; \
-        CUresult rc_ = vgpu_ctx_before(vgpu_dev_check(dev), &p_); \
-        if (rc_ == CUDA_SUCCESS) { \
+        CUresult rc_ = (out) ? vgpu_ctx_before(vgpu_dev_check(dev), &p_) : (call); \
+        if ((out) && rc_ == CUDA_SUCCESS) { \
             rc_ = (call); \
             if (vgpu_ctx_after(rc_, &p_) != rc_) { \
                 (void)(undo); \
@@ -60,7 +61,7 @@ VGPU_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
 
     if (REAL(cuDevicePrimaryCtxGetState)(dev, &flags, &active) == CUDA_SUCCESS && active)
         return real(pctx, dev);
-    return CREATED(dev, real(pctx, dev), REAL(cuDevicePrimaryCtxRelease_v2)(dev));
+    return CREATED(pctx, dev, real(pctx, dev), REAL(cuDevicePrimaryCtxRelease_v2)(dev));
 }
 VGPU_OWN_ALIAS(cuDevicePrimaryCtxRetain)
 
@@ -68,7 +69,7 @@ VGPU_EXPORT CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *params, 
 {
     __typeof__(&cuCtxCreate_v4) real = REAL(cuCtxCreate_v4);
 
-    return CREATED(dev, real(pctx, params, flags, dev), destroy(pctx));
+    return CREATED(pctx, dev, real(pctx, params, flags, dev), destroy(pctx));
 }
 VGPU_OWN_ALIAS(cuCtxCreate_v4)
 
@@ -77,12 +78,12 @@ typedef CUresult (*ctx_create_v2_fn)(CUcontext *, unsigned int, CUdevice);
 
 VGPU_HIDDEN CUresult vgpu_own_cuCtxCreate(CUcontext *pctx, unsigned int flags, CUdevice dev)
 {
-    return CREATED(dev, VAR(cuCtxCreate, ctx_create_v2_fn)(pctx, flags, dev), destroy(pctx));
+    return CREATED(pctx, dev, VAR(cuCtxCreate, ctx_create_v2_fn)(pctx, flags, dev), destroy(pctx));
 }
 
 VGPU_HIDDEN CUresult vgpu_own_cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev)
 {
-    return CREATED(dev, VAR(cuCtxCreate_v2, ctx_create_v2_fn)(pctx, flags, dev), destroy(pctx));
+    return CREATED(pctx, dev, VAR(cuCtxCreate_v2, ctx_create_v2_fn)(pctx, flags, dev), destroy(pctx));
 }
 
 VGPU_HIDDEN CUresult vgpu_own_cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *params, int n, unsigned int flags,
@@ -90,7 +91,7 @@ VGPU_HIDDEN CUresult vgpu_own_cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityPara
 {
     typedef CUresult (*fn)(CUcontext *, CUexecAffinityParam *, int, unsigned int, CUdevice);
 
-    return CREATED(dev, VAR(cuCtxCreate_v3, fn)(pctx, params, n, flags, dev), destroy(pctx));
+    return CREATED(pctx, dev, VAR(cuCtxCreate_v3, fn)(pctx, params, n, flags, dev), destroy(pctx));
 }
 
 VGPU_HIDDEN CUresult vgpu_own_cuGreenCtxCreate(CUgreenCtx *out, CUdevResourceDesc desc, CUdevice dev,
@@ -98,5 +99,5 @@ VGPU_HIDDEN CUresult vgpu_own_cuGreenCtxCreate(CUgreenCtx *out, CUdevResourceDes
 {
     typedef CUresult (*fn)(CUgreenCtx *, CUdevResourceDesc, CUdevice, unsigned int);
 
-    return CREATED(dev, VAR(cuGreenCtxCreate, fn)(out, desc, dev, flags), destroy_green(out));
+    return CREATED(out, dev, VAR(cuGreenCtxCreate, fn)(out, desc, dev, flags), destroy_green(out));
 }

@@ -1,4 +1,5 @@
-/* For the NVML wrappers: the container's CUDA ordinal of an NVML device (nvml_dev.c), our host pid noted (procs.c). */
+/* For the NVML wrappers: the container's CUDA ordinal of an NVML device (nvml_dev.c), our host pid noted (procs.c),
+ * the application's own NVML session (nvml_init.c). */
 #ifndef VGPU_NVML_DEV_H
 #define VGPU_NVML_DEV_H
 
@@ -13,5 +14,9 @@ VGPU_HIDDEN int vgpu_nvml_dev(nvmlDevice_t device);
 /* our region slot records the host pid NVML knows this process by, once the identity probe found it, unless the
  * node side filled it (interpose/procs.c): the container's process listings then show this process */
 VGPU_HIDDEN void vgpu_note_host_pid(void);
+
+/* whether the application holds an NVML session of its own (interpose/nvml_init.c): without one a wrapped
+ * NVML call answers NVML_ERROR_UNINITIALIZED, as NVML would were the shim's own session not open */
+VGPU_HIDDEN int vgpu_nvml_app_open(void);
 
 #endif

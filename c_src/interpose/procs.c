@@ -87,12 +87,17 @@ static nvmlReturn_t whole_listing(listing_fn real, nvmlDevice_t device, size_t s
 /* every record starts with the pid (nvmlProcessInfo_v1_t, _v2_t and nvmlProcessInfo_t alike) */
 static nvmlReturn_t own_listing(listing_fn real, nvmlDevice_t device, unsigned int *count, void *infos, size_t size)
 {
-    int dev = count ? vgpu_nvml_dev(device) : VGPU_DEV_UNKNOWN;
-    vgpu_region_t *r = dev >= 0 && vgpu_budget_limit(dev) ? vgpu_region_get() : NULL;
+    vgpu_region_t *r = NULL;
     unsigned char *all;
     unsigned n = 0, kept = 0, i, pid;
+    int dev;
     nvmlReturn_t rc;
 
+    if (!vgpu_nvml_app_open()) /* NVML is open for the shim only (interpose/nvml_init.c) */
+        return NVML_ERROR_UNINITIALIZED;
+    dev = count ? vgpu_nvml_dev(device) : VGPU_DEV_UNKNOWN;
+    if (dev >= 0 && vgpu_budget_limit(dev))
+        r = vgpu_region_get();
     if (!r) /* no limit, no region, a NULL count, a device this container does not see: the driver's answer */
         return real(device, count, infos);
     vgpu_overhead_ensure(dev); /* our host pid, found when it can be */

@@ -1,6 +1,6 @@
 /* cuInit and the memory reporting calls: with a limit they show the limit (total) and the
  * budget left (free); without one, the real device. Never 0 bytes; a NULL output gets the driver's
- * own answer. */
+ * own answer, and an NVML call before the application's own nvmlInit NVML's (interpose/nvml_init.c). */
 #include <stdint.h>
 #include <string.h>
 
@@ -119,6 +119,8 @@ VGPU_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory
 {
     nvmlReturn_t rc;
 
+    if (!vgpu_nvml_app_open())
+        return NVML_ERROR_UNINITIALIZED;
     if (!memory)
         return NVML_ERROR_INVALID_ARGUMENT;
     rc = REAL(nvmlDeviceGetMemoryInfo)(device, memory);
@@ -132,6 +134,8 @@ VGPU_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMem
 {
     nvmlReturn_t rc;
 
+    if (!vgpu_nvml_app_open())
+        return NVML_ERROR_UNINITIALIZED;
     if (!memory)
         return NVML_ERROR_INVALID_ARGUMENT;
     rc = REAL(nvmlDeviceGetMemoryInfo_v2)(device, memory);

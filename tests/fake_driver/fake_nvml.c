@@ -57,7 +57,7 @@ struct nvmlDevice_st {
 static struct nvmlDevice_st devs[MAXDEV];
 static unsigned ndev = 2;
 static unsigned long long total = 1024ull << 20;
-static int inited;
+static int inited; /* NVML counts its openings: each nvmlInit* one, each nvmlShutdown one less */
 static int order[MAXDEV]; /* as fake_cuda.c parses FAKE_CUDA_ORDER: CUDA ordinal -> physical */
 static int norder = -1;   /* -1: unset, the identity */
 static long pid_offset;
@@ -223,7 +223,7 @@ static void uuid_of(unsigned p, char *out, size_t len)
 
 EXPORT nvmlReturn_t nvmlInit_v2(void)
 {
-    inited = 1;
+    __atomic_add_fetch(&inited, 1, __ATOMIC_RELAXED);
     return NVML_SUCCESS;
 }
 
@@ -240,7 +240,9 @@ EXPORT nvmlReturn_t nvmlInitWithFlags(unsigned int flags)
 
 EXPORT nvmlReturn_t nvmlShutdown(void)
 {
-    inited = 0;
+    if (!inited)
+        return NVML_ERROR_UNINITIALIZED;
+    __atomic_sub_fetch(&inited, 1, __ATOMIC_RELAXED);
     return NVML_SUCCESS;
 }
 
@@ -276,6 +278,8 @@ EXPORT nvmlReturn_t nvmlDeviceGetHandleByIndex(unsigned int i, nvmlDevice_t *d)
 
 EXPORT nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t d, unsigned int *i)
 {
+    if (!inited)
+        return NVML_ERROR_UNINITIALIZED;
     if (!i || !valid(d))
         return NVML_ERROR_INVALID_ARGUMENT;
     *i = d->index;
@@ -284,6 +288,8 @@ EXPORT nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t d, unsigned int *i)
 
 EXPORT nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t d, char *uuid, unsigned int len)
 {
+    if (!inited)
+        return NVML_ERROR_UNINITIALIZED;
     if (!uuid || !valid(d))
         return NVML_ERROR_INVALID_ARGUMENT;
     if (len < NVML_DEVICE_UUID_ASCII_LEN)
@@ -348,6 +354,8 @@ static unsigned long long used_on(unsigned p)
 EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t d, nvmlMemory_t *m)
 {
     slow();
+    if (!inited)
+        return NVML_ERROR_UNINITIALIZED;
     if (!m || !valid(d))
         return NVML_ERROR_INVALID_ARGUMENT;
     m->total = total;
@@ -359,6 +367,8 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t d, nvmlMemory_t *m)
 EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t d, nvmlMemory_v2_t *m)
 {
     slow();
+    if (!inited)
+        return NVML_ERROR_UNINITIALIZED;
     if (!m || !valid(d))
         return NVML_ERROR_INVALID_ARGUMENT;
     m->total = total;
@@ -398,6 +408,8 @@ static nvmlReturn_t processes(nvmlDevice_t d, unsigned int *count, void *infos, 
     unsigned n = 0, need, nvisible, sim_pids[SIM_PROCS], nsim;
     int own;
     slow();
+    if (!inited)
+        return NVML_ERROR_UNINITIALIZED;
     if (!count || !valid(d))
         return NVML_ERROR_INVALID_ARGUMENT;
     if (procs_fail)

@@ -161,9 +161,9 @@ def test_region_created_before_cuinit_learns_its_devices(shim_env, tmp_path: Pat
     limits and no device list, which the first allocation after cuInit fills in."""
     cache = tmp_path / "cache"
     body = """
-assert fakenvml.nvmlInit_v2() == 0
+assert shim.nvmlInit_v2() == 0
 h = ffi.new("nvmlDevice_t *")
-assert fakenvml.nvmlDeviceGetHandleByIndex_v2(0, h) == 0
+assert shim.nvmlDeviceGetHandleByIndex_v2(0, h) == 0
 m = ffi.new("nvmlMemory_t *")
 rc = shim.nvmlDeviceGetMemoryInfo(h[0], m)
 emit(rc=rc, total=m.total)

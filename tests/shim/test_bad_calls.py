@@ -202,6 +202,8 @@ CALL(nvml_info_junk_dev, nvmlDeviceGetMemoryInfo((nvmlDevice_t)0x10, &m1))
 CALL(nvml_info2_null_out, nvmlDeviceGetMemoryInfo_v2(nvdev(), 0))
 CALL(nvml_info2_null_dev, (m2.version = nvmlMemory_v2, nvmlDeviceGetMemoryInfo_v2(0, &m2)))
 CALL(nvml_info2_badversion, (m2.version = 0x77, nvmlDeviceGetMemoryInfo_v2(nvdev(), &m2)))
+CALL(nvml_shutdown_unopened, nvmlShutdown())
+CALL(nvml_shutdown_twice, (nvmlInit_v2(), nvmlShutdown(), nvmlShutdown()))
 
 #define ALL(X) X(alloc_null) X(alloc_zero) X(alloc_huge) X(alloc_ok) X(pitch_null) X(pitch_null_pitch) \
     X(pitch_elem0) X(pitch_elem3) X(pitch_huge) X(managed_null) X(managed_flags) X(free_zero) X(free_junk) \
@@ -219,7 +221,7 @@ CALL(nvml_info2_badversion, (m2.version = 0x77, nvmlDeviceGetMemoryInfo_v2(nvdev
     X(procaddr_null_out) X(procaddr_unknown) X(procaddr_badflags) X(procaddr4_null_name) \
     X(getinfo1_null_both) X(getinfo1_null_free) X(getinfo1_null_total) \
     X(nvml_info_null_dev) X(nvml_info_null_out) X(nvml_info_junk_dev) X(nvml_info2_null_out) \
-    X(nvml_info2_null_dev) X(nvml_info2_badversion)
+    X(nvml_info2_null_dev) X(nvml_info2_badversion) X(nvml_shutdown_unopened) X(nvml_shutdown_twice)
 #define RUN(n) run(#n, n);
 
 int main(void)
@@ -232,6 +234,10 @@ int main(void)
 """
 
 LIMITS = {"unlimited": {}, "limited": {"CUDA_DEVICE_MEMORY_LIMIT": "100m", "CUDA_DEVICE_SM_LIMIT": "50"}}
+# As on a real GPU under a small limit: one context fits, a second would not (a call that creates nothing, a NULL
+# output, is still the driver's to answer). NVML counts its openings as the real one does, so the shim's own
+# session must not show through to a program that never opened NVML.
+DRIVER = {"FAKE_CUDA_DEVICES": "2", "FAKE_CUDA_CTX_MB": "60"}
 # Under a limit, a request far beyond it is refused CUDA_ERROR_OUT_OF_MEMORY before the driver sees it, as a
 # full device answers; only with a current context (without one nothing is charged and the driver answers).
 LIMIT_REFUSES = {"2:pitch_huge", "2:array_huge"}
@@ -252,7 +258,7 @@ def exe(shim_path, fake_dir, tmp_path_factory):
 @pytest.fixture(scope="module")
 def driver_answers(exe) -> dict[str, str]:
     env, program = exe
-    p = env.run_c(program, {"FAKE_CUDA_DEVICES": "2"}, preload=False, timeout=120)
+    p = env.run_c(program, DRIVER, preload=False, timeout=120)
     assert p.rc == 0, p.stderr
     return _answers(p.stdout)
 
@@ -260,10 +266,10 @@ def driver_answers(exe) -> dict[str, str]:
 @pytest.mark.parametrize("limits", sorted(LIMITS))
 def test_bad_calls_get_the_drivers_own_answer_and_never_fault(exe, driver_answers, limits: str) -> None:
     env, program = exe
-    assert len(driver_answers) == 3 * 82, "every call ran in every situation against the driver alone"
+    assert len(driver_answers) == 3 * 84, "every call ran in every situation against the driver alone"
     died = {k: v for k, v in driver_answers.items() if v.startswith("DIED")}
     assert not died, f"the fake driver itself faulted: {died}"
-    p = env.run_c(program, {"FAKE_CUDA_DEVICES": "2", **LIMITS[limits]}, timeout=120)
+    p = env.run_c(program, {**DRIVER, **LIMITS[limits]}, timeout=120)
     assert p.rc == 0, p.stderr
     shim = _answers(p.stdout)
     faults = {k: v for k, v in shim.items() if v.startswith("DIED")}

@@ -124,7 +124,7 @@ def test_each_trampoline_uses_its_own_slot(tmp_path: Path, arch: str) -> None:
             slot, idx = decode(data, syms[h.name] - base, syms[h.name])
             assert (slot - real) // 8 == i and idx == i, h.name
             checked += 1
-    assert checked == sum(h.kind == "PASS" for h in hooks) > 400
+    assert checked == sum(h.kind == "PASS" for h in hooks) > 390
 
 
 def test_shim_posing_as_libcuda_aborts_with_a_clear_message(env: Env) -> None:
