@@ -8,6 +8,16 @@
  * again when the evidence changes (it vanishes, or shows less than we hold). While it is unknown,
  * the device-wide used-memory delta around each context creation stands in.
  *
+ * Outside any pid namespace (ours is the initial one) there is nothing to find: NVML's host pids
+ * are our pids, one process each, so the entry under getpid() is ours. There the probe's first
+ * listing (the measurement's own when it shows us) settles it: no probe allocation, no two more
+ * listings. Inside a namespace the three listings stay: before the probe (who grows anyway), while
+ * it is held (who grew), after its release (who fell back); with any two, a neighbour growing or
+ * freeing at the wrong moment is taken for us while NVML lists us late. The delta's figure after a
+ * context is read only when its measurement did not find our entry (before it must be read anyway:
+ * whether it will is not known yet). A first context costs 2 NVML queries outside a namespace, 4 in
+ * one (5 when the probe finds nothing); a later one 1.
+ *
  * This is the measuring floor: it reads what is held and sets the overhead's charge to it. What may
  * be taken (the pre-charges of contexts and streams, refusals) is precharge.c's, above it; nothing
  * here calls back up.
@@ -73,6 +83,7 @@ static struct dev_books books[VGPU_MAX_DEVICES];
 
 static unsigned host_pid; /* 0 = unknown */
 static uint64_t last_probe_ns;
+static int init_pidns = -1; /* in the initial pid namespace: 1 yes, 0 no or cannot tell, -1 not looked yet */
 static pthread_once_t nvml_once = PTHREAD_ONCE_INIT;
 static int nvml_ok;
 
@@ -230,6 +241,16 @@ struct listing {
     uint64_t low;           /* the least of them the driver surely held: without charges ahead of calls */
 };
 
+/* our entry's index in the listing, n when absent */
+static int entry_of(const struct listing *l, unsigned pid)
+{
+    int i;
+
+    for (i = 0; i < l->n && l->procs[i].pid != pid; i++)
+        ;
+    return i;
+}
+
 /* our charges for allocations (not the overhead, nor stand-ins for contexts being made), and the part
  * of them the driver may hold or not: ahead of driver calls still running, or managed memory that
  * NVML shows only once touched */
@@ -276,7 +297,8 @@ static void list_into(int dev, nvmlDevice_t h, struct listing *l, int pause)
     l->low = l->low > trimmed ? l->low - trimmed : 0;
 }
 
-/* A device's lock held, the probe charged: the pid of the one entry that grew by a probe allocation
+/* A device's lock held, our charges paused by the caller when NVML is fast, the probe charged, l
+ * holding the listing made before it: the pid of the one entry that grew by a probe allocation
  * while it was held and fell back by it once it was released, 0 if not exactly one: a neighbour
  * allocating all the time grows at every listing, and was taken for us. Our own charges are paused
  * throughout (a free of ours must not hide the probe's growth). The probe is made with the real
@@ -290,16 +312,16 @@ static unsigned probe_once(int dev, nvmlDevice_t h, CUdevice d, struct listing *
     CUmemGenericAllocationHandle mem;
     CUmemAllocationProp prop;
     unsigned grew[4], found = 0;
-    int pause = may_pause(dev), nb, na = -1, nd = -1, i, j, ngrew = 0, hits = 0;
+    int nb = l->n, na = -1, nd = -1, i, j, ngrew = 0, hits = 0;
 
     memset(&prop, 0, sizeof prop);
     prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
     prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     prop.location.id = d;
-    if (pause)
-        vgpu_budget_pause(dev);
-    nb = list_procs(dev, h, other);
-    if (nb >= 0 && REAL(cuMemCreate)(&mem, PROBE_BYTES, &prop, 0) == CUDA_SUCCESS) {
+    if (nb < 0)
+        return 0;
+    memcpy(other, l->procs, sizeof *other * (size_t)nb);
+    if (REAL(cuMemCreate)(&mem, PROBE_BYTES, &prop, 0) == CUDA_SUCCESS) {
         list_into(dev, h, l, 0);
         nd = l->n;
         for (i = 0; i < nd; i++)
@@ -309,14 +331,43 @@ static unsigned probe_once(int dev, nvmlDevice_t h, CUdevice d, struct listing *
         if (ngrew && ngrew <= 4) /* more: too busy a device to tell */
             na = list_procs(dev, h, other);
     }
-    if (pause)
-        vgpu_budget_resume(dev);
     for (j = 0; j < ngrew && na >= 0; j++) /* na < 0 unless 1..4 grew */
         if (used_of(during, nd, grew[j]) >= used_of(other, na, grew[j]) + PROBE_BYTES) {
             found = grew[j];
             hits++;
         }
     return hits == 1 ? found : 0;
+}
+
+/* whether this process is in the initial pid namespace (whose proc inode is fixed, 0xEFFFFFFC):
+ * then the pids NVML names are ours. Without /proc (or before Linux 3.8) we cannot tell: the probe. */
+static int in_init_pidns(void)
+{
+    int v = __atomic_load_n(&init_pidns, __ATOMIC_RELAXED);
+    char link[64];
+    ssize_t n;
+
+    if (v >= 0)
+        return v;
+    n = readlink("/proc/self/ns/pid", link, sizeof link - 1);
+    if (n > 0)
+        link[n] = 0;
+    v = n > 0 && strcmp(link, "pid:[4026531836]") == 0;
+    __atomic_store_n(&init_pidns, v, __ATOMIC_RELAXED);
+    return v;
+}
+
+/* our entry in a listing without a probe: outside a pid namespace, the one under getpid() (pids are
+ * unique there, and NVML's are the same pids); inside one a pid is no evidence (0) */
+static unsigned listed_as_self(int dev, const struct listing *l)
+{
+    unsigned me = (unsigned)getpid();
+    int i;
+
+    if (l->n < 0 || !in_init_pidns())
+        return 0;
+    i = entry_of(l, me);
+    return i < l->n && known(dev, &l->procs[i]) ? me : 0;
 }
 
 /* lock held: the probe's room goes back (our entry found, or NVML cannot tell it: no list, no
@@ -330,25 +381,36 @@ static void drop_room(int dev)
 }
 
 
-/* A device's lock held: find our entry by a probe allocation, charged first: from the room kept for
- * it while our entry is unknown (a full container has none to spare, and an unknown entry leaves
- * our contexts counted by a guess), else reserved for the moment under `limit` (no room: no probe). 1
- * when found. */
-static int probe_identity(int dev, nvmlDevice_t h, struct listing *l, uint64_t limit)
+/* A device's lock held: find our entry. A first listing (our charges paused with it when NVML is
+ * fast) shows it under our own pid outside a pid namespace (listed_as_self, where `by_pid`: not when
+ * the entry so found contradicted what we hold: then only the probe's evidence counts); else a probe
+ * allocation, charged first: from the room kept for it while our entry is unknown (a full container
+ * has none to spare, and an unknown entry leaves our contexts counted by a guess), else reserved
+ * for the moment under `limit` (no room: no probe). 1 when found, else 0; either way l holds the
+ * last listing made, which serves the measurement (while our entry is unknown only its failing or
+ * not is judged). */
+static int probe_identity(int dev, nvmlDevice_t h, struct listing *l, uint64_t limit, int by_pid)
 {
     uint64_t room = __atomic_load_n(&seen[dev].room, __ATOMIC_RELAXED);
-    int own_room = room >= PROBE_BYTES;
+    int own_room = room >= PROBE_BYTES, pause = may_pause(dev);
     unsigned found;
     CUdevice d;
 
     __atomic_store_n(&last_probe_ns, now_ns(), __ATOMIC_RELAXED);
-    if (REAL(cuDeviceGet)(&d, dev) != CUDA_SUCCESS || (!own_room && vgpu_budget_reserve(dev, PROBE_BYTES, limit) != 0))
-        return 0;
-    books[dev].probing = own_room;
-    found = probe_once(dev, h, d, l);
-    books[dev].probing = 0;
-    if (!own_room)
-        vgpu_budget_release(dev, PROBE_BYTES);
+    if (pause)
+        vgpu_budget_pause(dev);
+    list_into(dev, h, l, 0); /* before any probe: the room in our charges is not in our entry */
+    found = by_pid ? listed_as_self(dev, l) : 0;
+    if (!found && l->n >= 0 && REAL(cuDeviceGet)(&d, dev) == CUDA_SUCCESS &&
+        (own_room || vgpu_budget_reserve(dev, PROBE_BYTES, limit) == 0)) {
+        books[dev].probing = own_room;
+        found = probe_once(dev, h, d, l);
+        books[dev].probing = 0;
+        if (!own_room)
+            vgpu_budget_release(dev, PROBE_BYTES);
+    }
+    if (pause)
+        vgpu_budget_resume(dev);
     if (!found)
         return 0;
     drop_room(dev); /* found: the room is not needed any more */
@@ -358,12 +420,13 @@ static int probe_identity(int dev, nvmlDevice_t h, struct listing *l, uint64_t l
 }
 
 
-/* rate-limited unless forced: probing costs two listings */
+/* rate-limited unless forced: probing costs two listings. 1 when it made a listing into l */
 static int identify(int dev, nvmlDevice_t h, int force, struct listing *l, uint64_t limit)
 {
     if (!force && now_ns() - __atomic_load_n(&last_probe_ns, __ATOMIC_RELAXED) < PROBE_INTERVAL_NS)
         return 0;
-    return probe_identity(dev, h, l, limit);
+    probe_identity(dev, h, l, limit, 1);
+    return 1;
 }
 
 
@@ -405,16 +468,6 @@ struct reading {
 
 #define LIST_AGAIN (-1)
 
-/* our entry's index in the listing, n when absent */
-static int entry_of(const struct listing *l, unsigned pid)
-{
-    int i;
-
-    for (i = 0; i < l->n && l->procs[i].pid != pid; i++)
-        ;
-    return i;
-}
-
 /* The evidence changed: the entry shows less than we surely hold (or is gone while we hold memory):
  * it is not ours, or no longer. Probed again (at most every PROBE_INTERVAL_NS), judged by what that
  * finds; 1 when it probed (the caller judges a new listing). */
@@ -428,7 +481,8 @@ static int recheck_identity(struct reading *r, unsigned pid, uint64_t held, uint
     r->retried = 1;
     VGPU_INFO("device %d: NVML's entry for host pid %u shows %.0f MiB, less than this process holds: "
               "finding its entry again", r->dev, pid, ours / MiB);
-    if ((r->listed = probe_identity(r->dev, r->h, &r->l, r->limit))) {
+    r->listed = 1; /* the probe's last listing is judged next */
+    if (probe_identity(r->dev, r->h, &r->l, r->limit, 0)) {
         /* the same entry again: what it does not show (managed memory not yet touched) is accepted
          * until the gap grows further */
         b->gap = __atomic_load_n(&host_pid, __ATOMIC_RELAXED) == pid ? held - ours : 0;
@@ -643,16 +697,22 @@ VGPU_HIDDEN int vgpu_overhead_measure_ctx(struct vgpu_ctx_probe *p, uint64_t lim
     int own, judge;
 
     pthread_mutex_lock(&b->lock);
-    /* while our entry is unknown: the device's used-memory change, or if more, what such a context
-     * took (a neighbour's pool trimmed meanwhile makes the change look smaller by its steps) */
-    if (h && p->delta && device_used(h, &used_after) == 0) {
+    prev = b->charged;
+    b->cover = p->precharge;
+    own = measure(p->dev, 1, 0, limit);
+    /* while our entry is unknown still: the device's used-memory change, or if more, what such a
+     * context took (a neighbour's pool trimmed meanwhile makes the change look smaller by its
+     * steps), charged as the fallback, the stand-in still covering it. Read after the measurement,
+     * not before it: once it found our entry (outside a pid namespace, its first listing does) the
+     * delta is never used, and its second figure is not asked for. */
+    if (h && p->delta && !__atomic_load_n(&host_pid, __ATOMIC_RELAXED) && device_used(h, &used_after) == 0) {
         p->added = used_after > p->used_before ? used_after - p->used_before : 0;
         if (p->added < p->precharge)
             p->added = p->precharge;
-        b->fallback += p->added;
+        use_fallback(p->dev, p->added);
     }
-    prev = b->charged;
-    own = measure_covering(p->dev, 1, 0, limit, &p->precharge);
+    p->precharge = b->cover;
+    b->cover = 0;
     prev = b->charged > prev ? b->charged - prev : 0; /* what the new context added */
     judge = own || seen[p->dev].no_list;
     if (own && prev) { /* what the next context will be charged ahead */
@@ -725,6 +785,7 @@ VGPU_HIDDEN void vgpu_overhead_atfork_child(void)
 
     host_pid = 0;
     last_probe_ns = 0;
+    init_pidns = -1; /* a child of unshare(CLONE_NEWPID) is in another pid namespace */
     for (i = 0; i < VGPU_MAX_DEVICES; i++) {
         nvmlDevice_t h = seen[i].nvml;
         uint64_t listing_ns = books[i].listing_ns;

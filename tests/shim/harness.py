@@ -3,6 +3,7 @@ gets a fresh interpreter (or C program) with its own environment."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import signal
@@ -154,6 +155,32 @@ static uint64_t region_sum(const unsigned char *r, int *procs)
 """
 
 
+# the initial pid namespace's proc inode (fixed by the kernel): outside it, NVML's host pids are not ours
+INIT_PID_NAMESPACE = "pid:[4026531836]"
+
+
+def in_init_pid_namespace() -> bool:
+    """whether the tests run outside any pid namespace (no container): the shim then trusts NVML's pids"""
+    try:
+        return os.readlink("/proc/self/ns/pid") == INIT_PID_NAMESPACE
+    except OSError:
+        return False
+
+
+@functools.cache
+def pid_namespace_prefix() -> list[str] | None:
+    """a command prefix that runs a program in a pid namespace of its own, as in a container: [] when the
+    tests run in one already, None when none can be made here (no unshare, no privilege)"""
+    if not in_init_pid_namespace():
+        return []
+    for prefix in (["unshare", "--pid", "--fork", "--kill-child"],
+                   ["unshare", "--user", "--map-root-user", "--pid", "--fork", "--kill-child"]):
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            if subprocess.run([*prefix, "true"], capture_output=True, timeout=10).returncode == 0:
+                return prefix
+    return None
+
+
 @dataclass
 class Child:
     rc: int
@@ -220,8 +247,12 @@ class Env:
         return e
 
     def run_c(self, exe: Path, env: dict[str, str] | None = None, preload: bool = True, timeout: float = 60,
-              args: list[str] | None = None, stdin: str | None = None) -> Child:
+              args: list[str] | None = None, stdin: str | None = None, prefix: list[str] | None = None) -> Child:
+        """prefix: a command that runs the program (pid_namespace_prefix()); the shim is preloaded into the
+        program only, not into the prefix's own processes"""
         e = self.c_env(env, preload)
-        p = subprocess.run([str(exe), *(args or [])], env=e, input=stdin, capture_output=True, text=True,
-                           timeout=timeout)
+        cmd = [str(exe), *(args or [])]
+        if prefix:
+            cmd = [*prefix, "env", f"LD_PRELOAD={e.pop('LD_PRELOAD')}", *cmd] if preload else [*prefix, *cmd]
+        p = subprocess.run(cmd, env=e, input=stdin, capture_output=True, text=True, timeout=timeout)
         return Child(p.returncode, p.stdout, p.stderr)

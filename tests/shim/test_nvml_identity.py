@@ -1,8 +1,12 @@
-"""Only this process's own NVML entry is charged to it. NVML names host pids, so the shim must find
-its entry among the device's processes; a pid alone is not enough evidence: a neighbour may start
-during our context creation, NVML may list us late (so the one new pid is someone else's), or a
+"""Only this process's own NVML entry is charged to it. NVML names host pids, so inside a container the
+shim must find its entry among the device's processes; a pid alone is not enough evidence: a neighbour
+may start during our context creation, NVML may list us late (so the one new pid is someone else's), or a
 neighbour's host pid may equal our pid inside the container. The shim confirms its entry by a
-probe (a small allocation only its own entry shows) and learns again when the evidence changes."""
+probe (a small allocation only its own entry shows) and learns again when the evidence changes. Outside
+any pid namespace host pids are ours and unique: the entry under our pid is ours, no probe needed.
+
+The container cases run in a pid namespace of their own where one can be made (harness.pid_namespace_prefix):
+outside one, a neighbour under our own pid cannot exist."""
 from __future__ import annotations
 
 import subprocess
@@ -10,7 +14,7 @@ import time
 
 import pytest
 
-from .harness import Env
+from .harness import Child, Env, in_init_pid_namespace, pid_namespace_prefix
 
 MiB = 1 << 20
 
@@ -62,17 +66,40 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("case", list(CASES))
-def test_only_our_own_entry_is_charged(env: Env, case: str) -> None:
-    extra, sleep_ms = CASES[case]
-    exe = env.compile_c("identity", PROGRAM, f"-L{env.fake_dir}", "-l:libcuda.so.1")
-    child = env.run_c(exe, {**BASE, **extra}, args=[str(sleep_ms)])
+def _check_own_entry_charged(child: Child) -> None:
     assert child.rc == 0, (child.stdout, child.stderr)
     r = dict(line.split(None, 1) for line in child.stdout.splitlines())
     assert r["free_after_ctx"] == "900", (r, child.stderr)   # our context's 100 MiB, not the neighbour's 700
     assert (r["a300"], r["a500"]) == ("0", "0"), (r, child.stderr)
     assert r["a200"] == "2", (r, child.stderr)               # 100 + 300 + 500 + 200 > 1000: ours all counted
     assert int(r["real"]) <= 1000
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_only_our_own_entry_is_charged(env: Env, case: str) -> None:
+    extra, sleep_ms = CASES[case]
+    prefix = pid_namespace_prefix()
+    if prefix is None and case == "neighbour-has-our-pid":
+        pytest.skip("a neighbour's host pid equal to ours needs a pid namespace of our own: none can be made here")
+    exe = env.compile_c("identity", PROGRAM, f"-L{env.fake_dir}", "-l:libcuda.so.1")
+    _check_own_entry_charged(env.run_c(exe, {**BASE, **extra}, args=[str(sleep_ms)], prefix=prefix))
+
+
+# outside a pid namespace: NVML's pids are ours (no offset); a neighbour under our pid cannot exist
+HOST_CASES = {k: v for k, v in CASES.items() if k != "neighbour-has-our-pid"}
+
+
+@pytest.mark.skipif(not in_init_pid_namespace(), reason="the tests run inside a pid namespace")
+@pytest.mark.parametrize("case", list(HOST_CASES))
+def test_outside_a_pid_namespace_our_own_pid_is_our_entry(env: Env, case: str) -> None:
+    """The entry under our pid is taken for ours without a probe (found at once, unless listed late: then by
+    the first listing that shows it), and the limit holds exactly as in a container."""
+    extra, sleep_ms = HOST_CASES[case]
+    host = {k: v for k, v in BASE.items() if k != "FAKE_NVML_PID_OFFSET"}
+    exe = env.compile_c("identity", PROGRAM, f"-L{env.fake_dir}", "-l:libcuda.so.1")
+    child = env.run_c(exe, {**host, **extra, "LIBCUDA_LOG_LEVEL": "3"}, args=[str(sleep_ms)])
+    _check_own_entry_charged(child)
+    assert "NVML knows this process as host pid" in child.stderr, child.stderr
 
 
 HOLDER = r"""
@@ -161,18 +188,23 @@ int main(void)
 """
 
 
-def test_nvml_queries_per_context_and_refusal_are_bounded(env: Env) -> None:
+@pytest.mark.parametrize("namespace", [True, False], ids=["container-pid", "host-pid"])
+def test_nvml_queries_per_context_and_refusal_are_bounded(env: Env, namespace: bool) -> None:
     """A loaded NVML (200 ms a call in the field) costs each context creation and each refusal as
-    few queries as the measurement needs: the first context 5 (two device figures for the fallback,
-    the probe's three listings: before it, while it is held, which serves the measurement, and after its
-    release), later ones 1, a refusal 1."""
+    few queries as the measurement needs: the first context in a container 4 (the device figure before
+    it, for the fallback, and the probe's three listings: before it, while it is held, which serves the
+    measurement, and after its release; the figure after it only when the probe found nothing), outside
+    a pid namespace 2 (the figure before it, one listing showing our pid); later ones 1, a refusal 1."""
+    if not namespace and not in_init_pid_namespace():
+        pytest.skip("the tests run inside a pid namespace")
     exe = env.compile_c("cost", COST, f"-L{env.fake_dir}", "-l:libcuda.so.1", "-ldl")
     child = env.run_c(exe, {"CUDA_DEVICE_MEMORY_LIMIT": "1000m", "FAKE_CUDA_CTX_MB": "100",
-                            "FAKE_NVML_PID_OFFSET": "1000"})
+                            **({"FAKE_NVML_PID_OFFSET": "1000"} if namespace else {})},
+                      prefix=pid_namespace_prefix() if namespace else None)
     assert child.rc == 0, (child.rc, child.stdout, child.stderr)
     r = dict(line.split(None, 1) for line in child.stdout.splitlines())
     assert r["refused"] == "2"
-    assert (r["first_ctx"], r["second_ctx"], r["refusal"]) == ("5", "1", "1"), r
+    assert (r["first_ctx"], r["second_ctx"], r["refusal"]) == ("4" if namespace else "2", "1", "1"), r
 
 
 def _region_env(env: Env, extra: dict[str, str]) -> dict[str, str]:

@@ -3,7 +3,9 @@ the queries stay as few as the measurement needs, a burst of refusals pays one l
 each, and no call waits on NVML longer than those queries take (FAKE_NVML_DELAY_MS)."""
 from __future__ import annotations
 
-from .harness import Env
+import pytest
+
+from .harness import Env, in_init_pid_namespace, pid_namespace_prefix
 
 DELAY_MS = 100
 
@@ -92,19 +94,26 @@ int main(void)
 """
 
 
-def test_a_slow_nvml_bounds_contexts_and_refusals(env: Env) -> None:
+@pytest.mark.parametrize("namespace", [True, False], ids=["container-pid", "host-pid"])
+def test_a_slow_nvml_bounds_contexts_and_refusals(env: Env, namespace: bool) -> None:
     """With every NVML query taking DELAY_MS: a later context pays one listing (well under three), the first
-    its five queries (two device figures, the identity probe's three listings) and no more, a refusal one
-    listing, refusals within 20 ms of a listing none (they use its figure), and two threads refused at once one
+    outside a pid namespace two queries (the device figure before it, one listing that shows our own pid), in a
+    container four (that figure, the identity probe's three listings) and no more, a refusal one listing,
+    refusals within 20 ms of a listing none (they use its figure), and two threads refused at once one
 listing between them (never two in flight: the second waits for the first's figure)."""
+    if not namespace and not in_init_pid_namespace():
+        pytest.skip("the tests run inside a pid namespace")
     exe = env.compile_c("slow", SLOW, f"-L{env.fake_dir}", "-l:libcuda.so.1", "-ldl", "-lpthread")
     child = env.run_c(exe, {"CUDA_DEVICE_MEMORY_LIMIT": "1000m", "FAKE_CUDA_CTX_MB": "100",
-                            "FAKE_NVML_PID_OFFSET": "1000", "FAKE_NVML_DELAY_MS": str(DELAY_MS)})
+                            "FAKE_NVML_DELAY_MS": str(DELAY_MS),
+                            **({"FAKE_NVML_PID_OFFSET": "1000"} if namespace else {})},
+                      prefix=pid_namespace_prefix() if namespace else None)
     assert child.rc == 0, (child.rc, child.stdout, child.stderr)
     r = {k: float(v) for k, v in (line.split(None, 1) for line in child.stdout.splitlines())}
     assert r["refused"] == 2 and r["burst_refused"] == 4 and r["pair_refused"] == 2, r
-    assert (r["first_ctx_q"], r["second_ctx_q"], r["refusal_q"], r["burst_q"], r["pair_q"]) == (5, 1, 1, 0, 1), r
-    assert r["first_ctx_ms"] < 6 * DELAY_MS, r
+    first = 4 if namespace else 2
+    assert (r["first_ctx_q"], r["second_ctx_q"], r["refusal_q"], r["burst_q"], r["pair_q"]) == (first, 1, 1, 0, 1), r
+    assert r["first_ctx_ms"] < (first + 1) * DELAY_MS, r
     assert r["second_ctx_ms"] < 3 * DELAY_MS, r
     assert r["refusal_ms"] < 2 * DELAY_MS, r
     assert r["burst_ms"] < DELAY_MS / 2, r
