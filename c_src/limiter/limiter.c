@@ -29,8 +29,10 @@
  *    bound is the mapping); its end event's time, less E, is when it began. Each harvest first looks
  *    at the board, and this process keeps the others' busy time from its own looks (board.c), so a
  *    neighbour's burst between two looks counts however late the harvest. A launch from before our
- *    first look is not taken for one run alone (A is learnt only from launches the history covers).
- *    Without a
+ *    first look is not taken for one run alone (A is learnt only from launches the history covers),
+ *    nor is a launch harvested while the board shows anyone busy: a neighbour that a forger's rewrites
+ *    hide now and then would otherwise leave a stretched E as A, and every later launch charged in full
+ *    (a late 50 got 0.27 beside a forger rewriting the board every millisecond). Without a
  *    mapping (yet), the interval is from its launch (or E before a harvest last found it still
  *    running) to its harvest.
  *    Unmeasured launches are charged a running estimate of one launch's charge per kind (kernel,
@@ -505,7 +507,7 @@ static void harvest(struct dev_state *st, vgpu_ledger_t *b, int dev)
         k = contexts_milli(st, dev, from, to, &sure);
         if (k > 1000 && !others)
             others = 1;
-        ns = own_share(st, p, ns, k, sure);
+        ns = own_share(st, p, ns, k, sure && !others); /* nobody busy now either: A may be learnt */
         charge(st, b, ns);
         est = __atomic_load_n(&st->est_ns[p->graph], __ATOMIC_RELAXED);
         __atomic_store_n(&st->est_ns[p->graph], est < 0 ? ns : est + (ns - est) / 4, __ATOMIC_RELAXED);
