@@ -21,7 +21,7 @@ class SwapHooks:
     in_lock: str = ""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class SwapRequest:
     """One swap, built once by its caller (the CLI per run, the agent at start) and taken down one path: what
     goes live (an inspected candidate, or a backup for a rollback), where, as whom, and how."""
