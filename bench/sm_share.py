@@ -43,6 +43,8 @@ ROWS: list[tuple[str, list[Container]]] = [
     ("two containers 25 / 25", [C(25), C(25)]),
     ("three containers 30 / 30 / 30", [C(30), C(30), C(30)]),
     ("50 beside an unlimited container", [C(50), C(None)]),
+    ("priority 0 beside priority 1, no limits", [C(None, env={"CUDA_TASK_PRIORITY": "0"}),
+                                                 C(None, env={"CUDA_TASK_PRIORITY": "1"})]),
 ]
 BARE = [("bare pair (time-slicing ceiling)", [C(None), C(None)]),
         ("bare trio", [C(None), C(None), C(None)])]

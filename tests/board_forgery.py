@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 ENTRY, ENTRIES = 64, 63  # bytes an entry, entries after the header
+HIGH_TAG = 0x80000001  # a container tag with board.h's VGPU_BOARD_HIGH: priority 0
 F_OFD_SETLK = 37
 
 
@@ -24,19 +25,20 @@ def entry_checksum(words: list[int]) -> int:
     return h | 1
 
 
-def forged_entry(now: int, busy: bool = True) -> bytes:
-    """an entry that checks: owner, since, until, total, born, pid, gen, spare, then the checksum"""
-    head = struct.pack("<QqqqqiIQ", 0xBAD, now - 10**9, now + (9 * 10**9 if busy else 0), 0, now - 10**9, 4242, 1, 0)
+def forged_entry(now: int, busy: bool = True, tag: int = 1) -> bytes:
+    """an entry that checks: owner, since, until, total, born, pid, tag, freed, then the checksum"""
+    head = struct.pack("<QqqqqiIQ", 0xBAD, now - 10**9, now + (9 * 10**9 if busy else 0), 0, now - 10**9, 4242, tag,
+                       0)
     return head + struct.pack("<Q", entry_checksum(list(struct.unpack("<7Q", head))))
 
 
-def forge_all(path: Path, entries: range) -> None:
+def forge_all(path: Path, entries: range, tag: int = 1) -> None:
     """busy entries that check, written over the given ones"""
     now = time.monotonic_ns()
     with open(path, "r+b") as f:
         for i in entries:
             f.seek(ENTRY * i)
-            f.write(forged_entry(now))
+            f.write(forged_entry(now, tag=tag))
 
 
 def hold_locks(path: Path, entries: range) -> int:

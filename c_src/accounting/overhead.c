@@ -109,8 +109,14 @@ static uint64_t now_ns(void)
 static void nvml_start(void)
 {
     void *v3;
+    nvmlReturn_t rc = NVML_ERROR_UNINITIALIZED;
 
-    if (vgpu_lib_init(VGPU_LIB_NVML) != 0 || REAL(nvmlInit_v2)() != NVML_SUCCESS) {
+    if (vgpu_lib_init(VGPU_LIB_NVML) == 0) {
+        vgpu_nvml_inner++; /* our session, not the application's (interpose/nvml_init.c) */
+        rc = REAL(nvmlInit_v2)();
+        vgpu_nvml_inner--;
+    }
+    if (rc != NVML_SUCCESS) {
         VGPU_WARN("NVML is not usable in this process: the memory CUDA contexts take is not counted against the "
                   "limit; make libnvidia-ml.so.1 visible to the container");
         return;
@@ -772,6 +778,18 @@ VGPU_HIDDEN int vgpu_overhead_gpu_procs(int dev)
         n = list_procs(dev, h, procs);
     pthread_mutex_unlock(&b->lock);
     return n;
+}
+
+/* for the limiter's check of a high-priority claim, which asks at most every 100 ms while it yields */
+VGPU_HIDDEN int vgpu_overhead_gpu_util(int dev)
+{
+    nvmlUtilization_t u;
+    nvmlDevice_t h;
+
+    if (dev < 0 || dev >= VGPU_MAX_DEVICES || !(h = nvml_of(dev)) ||
+        REAL(nvmlDeviceGetUtilizationRates)(h, &u) != NVML_SUCCESS || u.gpu > 100) /* garbage: no figure */
+        return -1;
+    return (int)u.gpu;
 }
 
 VGPU_HIDDEN unsigned vgpu_overhead_host_pid(void)

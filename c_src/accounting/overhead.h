@@ -54,6 +54,8 @@ VGPU_HIDDEN void vgpu_overhead_forget_ctx(struct vgpu_ctx_probe *p, uint64_t lim
 VGPU_HIDDEN void vgpu_overhead_measure_growth(struct vgpu_growth *g, uint64_t limit);
 /* how many processes have a context on dev, as NVML lists them (others' too); -1 when it cannot tell */
 VGPU_HIDDEN int vgpu_overhead_gpu_procs(int dev);
+/* the percent of NVML's last sample period in which a kernel ran on dev (anyone's); -1 when it cannot tell */
+VGPU_HIDDEN int vgpu_overhead_gpu_util(int dev);
 /* this process's host pid as NVML reports it, 0 while unknown */
 VGPU_HIDDEN unsigned vgpu_overhead_host_pid(void);
 VGPU_HIDDEN void vgpu_overhead_atfork_child(void);

@@ -45,6 +45,10 @@ VGPU_HIDDEN void *vgpu_slot_resolve(int idx);
 VGPU_HIDDEN void *vgpu_var_resolve(int var);
 /* load libcuda / libnvidia-ml and fill their slots (pthread_once); 0 when the library is there */
 VGPU_HIDDEN int vgpu_lib_init(int lib);
+/* > 0 while this thread is inside an NVML opening or shutdown that is not the application's own call (the
+ * shim's own session, or NVML calling its entry points through the global scope): interpose/nvml_init.c does
+ * not count those as the application's */
+VGPU_HIDDEN extern __thread int vgpu_nvml_inner;
 VGPU_HIDDEN void *vgpu_resolve(const char *name, int lib, int mandatory);
 VGPU_HIDDEN int vgpu_is_not_found_stub(const void *fn);
 /* the libc dlsym our own exported dlsym shadows */

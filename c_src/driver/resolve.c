@@ -97,6 +97,7 @@ VGPU_HIDDEN void *vgpu_real_dlsym(void *handle, const char *name)
 /* ---- library handles ---- */
 static void *lib_handle[2];
 static pthread_once_t lib_once[2] = {PTHREAD_ONCE_INIT, PTHREAD_ONCE_INIT};
+VGPU_HIDDEN __thread int vgpu_nvml_inner;
 static __thread int in_lib_init; /* a library constructor calling back into us must not deadlock */
 
 VGPU_HIDDEN void *vgpu_lib_handle(int lib)

@@ -2,7 +2,13 @@
  * its openings, so without this the application would find NVML open although it never called nvmlInit: a
  * wrapped call would then reach the driver with whatever handle it was given (a junk one faults there) where
  * the driver alone answers NVML_ERROR_UNINITIALIZED, and one nvmlShutdown too many would close the shim's
- * session under it. Counted here, the application sees exactly its own openings. */
+ * session under it. Counted here, the application sees exactly its own openings.
+ *
+ * NVML calls its own entry points through the global scope (the fake NVML's nvmlInit_v2 reaches
+ * nvmlInitWithFlags so, as the real one's evidently does), and those calls land here too, the shim's own
+ * opening among them: a call made while this thread is already inside an opening or shutdown (ours or the
+ * shim's, vgpu_nvml_inner) is NVML's, passed on uncounted. Without that, on the H200 the shim's own session
+ * counted as the application's, and a junk handle before the application's nvmlInit faulted. */
 #define NVML_NO_UNVERSIONED_FUNC_DEFS /* nvmlInit is the first ABI, a symbol of its own */
 #include <nvml.h>
 
@@ -23,21 +29,31 @@ static nvmlReturn_t opened(nvmlReturn_t rc)
     return rc;
 }
 
+/* the real call, with this thread marked inside it */
+#define INNER(call) \
+    __extension__({ \
+        nvmlReturn_t rc_; \
+        vgpu_nvml_inner++; \
+        rc_ = (call); \
+        vgpu_nvml_inner--; \
+        rc_; \
+    })
+
 VGPU_EXPORT nvmlReturn_t nvmlInit(void)
 {
-    return opened(REAL(nvmlInit)());
+    return vgpu_nvml_inner ? REAL(nvmlInit)() : opened(INNER(REAL(nvmlInit)()));
 }
 VGPU_OWN_ALIAS(nvmlInit)
 
 VGPU_EXPORT nvmlReturn_t nvmlInit_v2(void)
 {
-    return opened(REAL(nvmlInit_v2)());
+    return vgpu_nvml_inner ? REAL(nvmlInit_v2)() : opened(INNER(REAL(nvmlInit_v2)()));
 }
 VGPU_OWN_ALIAS(nvmlInit_v2)
 
 VGPU_EXPORT nvmlReturn_t nvmlInitWithFlags(unsigned int flags)
 {
-    return opened(REAL(nvmlInitWithFlags)(flags));
+    return vgpu_nvml_inner ? REAL(nvmlInitWithFlags)(flags) : opened(INNER(REAL(nvmlInitWithFlags)(flags)));
 }
 VGPU_OWN_ALIAS(nvmlInitWithFlags)
 
@@ -47,10 +63,12 @@ VGPU_EXPORT nvmlReturn_t nvmlShutdown(void)
 {
     unsigned int n = __atomic_load_n(&app_opens, __ATOMIC_ACQUIRE);
 
+    if (vgpu_nvml_inner)
+        return REAL(nvmlShutdown)();
     do {
         if (!n)
             return NVML_ERROR_UNINITIALIZED;
     } while (!__atomic_compare_exchange_n(&app_opens, &n, n - 1, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE));
-    return REAL(nvmlShutdown)();
+    return INNER(REAL(nvmlShutdown)());
 }
 VGPU_OWN_ALIAS(nvmlShutdown)

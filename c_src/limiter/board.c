@@ -88,7 +88,8 @@ typedef struct {
     int64_t total;  /* ns busy before `since`, since `born` */
     int64_t born;   /* when the owner took the entry */
     int32_t pid;    /* for people reading the file */
-    uint32_t tag;   /* the writer's container (vgpu_board_join); builds before it wrote a rewrite count here */
+    uint32_t tag;   /* the writer's container (vgpu_board_join), its top bit priority 0; builds before it wrote
+                     * a rewrite count here */
     uint64_t freed; /* 1: its owner left; the running sum is final (readers still count its last growth) */
     uint64_t sum; /* checksum of the words above: a torn or junk entry does not count */
 } entry_t;
@@ -135,6 +136,7 @@ static struct board {
     char dead[ENTRIES + 1];       /* what that probe said */
     int busy_now;                 /* others busy at the last look */
     int foreign_now;              /* ... of them, of other containers (another tag) */
+    int high_now;                 /* ... of those, of high-priority ones (VGPU_BOARD_HIGH) */
     int64_t looked;               /* when the last look was */
     int64_t running;              /* the others' busy ns, added up over our looks */
     struct {
@@ -671,8 +673,14 @@ static void lose(struct board *b, struct seen *s)
     s->owner = 0;
 }
 
-/* rmu held: what the owners we lost were busy since the last look (dt ago); busy, foreign: counted in */
-static int64_t guess_gone(struct board *b, int64_t now, int64_t dt, int *busy, int *foreign)
+/* of another container, and of priority 0 */
+static int high_tag(uint32_t tag)
+{
+    return tag != my_tag && (tag & VGPU_BOARD_HIGH);
+}
+
+/* rmu held: what the owners we lost were busy since the last look (dt ago); busy, foreign, high: counted in */
+static int64_t guess_gone(struct board *b, int64_t now, int64_t dt, int *busy, int *foreign, int *high)
 {
     int64_t d, sum = 0;
     unsigned g;
@@ -690,6 +698,7 @@ static int64_t guess_gone(struct board *b, int64_t now, int64_t dt, int *busy, i
         sum += d;
         *busy += now <= s->until;
         *foreign += now <= s->until && s->tag != my_tag;
+        *high += now <= s->until && high_tag(s->tag);
     }
     return sum;
 }
@@ -699,7 +708,7 @@ static void look_locked(struct board *b, int64_t now)
 {
     ssize_t n = pread(b->fd, b->copy, sizeof b->copy, 0);
     int64_t dt = b->looked ? now - b->looked : 0, sum = 0, running[ENTRIES + 1];
-    int i, mine = __atomic_load_n(&b->index, __ATOMIC_RELAXED), busy = 0, foreign = 0;
+    int i, mine = __atomic_load_n(&b->index, __ATOMIC_RELAXED), busy = 0, foreign = 0, high = 0;
     char ok[ENTRIES + 1];
 
     if (n < 0)
@@ -718,12 +727,14 @@ static void look_locked(struct board *b, int64_t now)
             b->seen[i].busy = !e->freed && e->until > now && !entry_dead(b, i, now);
         busy += b->seen[i].owner && b->seen[i].busy; /* junk now: as it was at the last readable look */
         foreign += b->seen[i].owner && b->seen[i].busy && (!ok[i] || e->tag != my_tag);
+        high += b->seen[i].owner && b->seen[i].busy && high_tag(b->seen[i].tag);
     }
-    sum += guess_gone(b, now, dt, &busy, &foreign);
+    sum += guess_gone(b, now, dt, &busy, &foreign, &high);
     if (sum > dt * MAX_OTHERS)
         sum = dt * MAX_OTHERS;
     b->busy_now = busy < MAX_OTHERS ? busy : MAX_OTHERS;
     b->foreign_now = foreign < MAX_OTHERS ? foreign : MAX_OTHERS;
+    __atomic_store_n(&b->high_now, high < MAX_OTHERS ? high : MAX_OTHERS, __ATOMIC_RELAXED);
     b->running += sum;
     b->looked = now;
     if (b->count && now - b->hist[(b->head - 1) % HIST].t < SAMPLE_EVERY_NS) {
@@ -772,6 +783,11 @@ VGPU_HIDDEN int vgpu_board_foreign(int dev)
     n = boards[dev].foreign_now;
     pthread_mutex_unlock(&boards[dev].rmu);
     return n;
+}
+
+VGPU_HIDDEN int vgpu_board_high(int dev)
+{
+    return vgpu_board_state(dev) <= 0 ? 0 : __atomic_load_n(&boards[dev].high_now, __ATOMIC_RELAXED);
 }
 
 /* rmu held: the others' busy ns added up to time t, interpolated between looks; -1 before the first */

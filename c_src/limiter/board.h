@@ -7,8 +7,11 @@
 
 #include "vgpu.h"
 
+/* a tag's top bit: the container is of priority 0 (CUDA_TASK_PRIORITY, HAMi's "high") */
+#define VGPU_BOARD_HIGH 0x80000000u
+
 /* Join device dev's board (key: the device's UUID, which names the file; tag: our container, the same
- * for every process of it; procs: the GPU's own count of processes with a context on dev, us included,
+ * for every process of it, VGPU_BOARD_HIGH set for a high-priority one; procs: the GPU's own count of processes with a context on dev, us included,
  * -1 unknown, which tells a board filled by a forger from a full one); 0 when joined (on a full board:
  * reading only, until an entry frees up), -1 when there is no usable board. The first call opens it;
  * later calls are two loads. */
@@ -28,6 +31,8 @@ VGPU_HIDDEN void vgpu_board_sample(int dev);
 VGPU_HIDDEN int vgpu_board_others(int dev);
 /* ... of them, how many wrote another container's tag (junk counts as another's) */
 VGPU_HIDDEN int vgpu_board_foreign(int dev);
+/* ... of them, how many belong to high-priority containers (their tag has VGPU_BOARD_HIGH) */
+VGPU_HIDDEN int vgpu_board_high(int dev);
 /* how long other processes were busy on dev within [t0, t1] (CLOCK_MONOTONIC ns), summed over them,
  * by this process's looks (0 without a board; -1 when t0 is before its first look) */
 VGPU_HIDDEN int64_t vgpu_board_busy(int dev, int64_t t0, int64_t t1);

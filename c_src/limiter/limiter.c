@@ -71,6 +71,12 @@
  * region's and this process's env, so a process that lost the container's environment still
  * holds the region's limit.
  *
+ * Priority (HAMi's CUDA_TASK_PRIORITY, kept in the region: 0 high, else low), without the monitor: a
+ * high-priority container's tag on the board carries VGPU_BOARD_HIGH; while the board shows one busy, a
+ * low-priority process's percent in force is YIELD_PCT (or its own limit, if lower), and it sleeps off its
+ * debt in steps so it runs again within YIELD_STEP_NS of the high one's last mark. A neighbour can write
+ * that claim, so it is checked against NVML's utilisation (decide_yield).
+ *
  * The monitor's signals (whenever a region is attached, with or without an SM limit):
  * - recent_kernel < 0 means "hold back" (HAMi's monitor writes -1 into a lower-priority task's
  *   region while a higher-priority one is busy): launches wait in a sleep loop (1 ms growing to
@@ -113,6 +119,16 @@
 #define CENSUS_NS 250000000ll     /* NVML's process count is asked again after this long */
 #define TURN_BATCH_NS 2000000ll   /* a batch within one time slice: its turn is its own */
 #define WAITS 32                  /* the waits a turn's cost is taken from */
+#define YIELD_PCT 5               /* a low-priority container's share while a high-priority one is busy */
+#define LOOK_NS 1000000ll         /* a low-priority process looks for high-priority work this often */
+#define FRAC_NS 250000000ll       /* the span over which how much of its time it yielded is kept (about NVML's
+                                   * sample period, 1/6 s on datacenter GPUs) */
+#define CHECK_FRAC_PPM 500000     /* ... once that is half, NVML is asked whether the GPU is in fact busy */
+#define CHECK_NS 100000000ll      /* ... at most this often */
+#define OTHERS_UTIL 10            /* percent of the GPU's time that others must be busy for a claim to hold */
+#define DOUBT_NS 2000000000ll     /* a claim found false is not believed for this long, doubled each time */
+#define MAX_DOUBT_NS 32000000000ll
+#define YIELD_STEP_NS 10000000ll  /* a yielding process sleeps off its debt in steps this long */
 
 VGPU_HIDDEN int vgpu_limiter_enabled = 0;
 
@@ -153,6 +169,13 @@ struct dev_state {
     int batch_n;          /* atomic: launches since */
     long long waits[WAITS]; /* (mu) the last batches' waits beside another container */
     unsigned nwaits;
+    pthread_mutex_t yield_mu; /* one thread at a time decides whether we yield (trylock) */
+    int yield_now;            /* atomic: we yield to a high-priority container now */
+    long long yield_at;       /* atomic: when that was decided (0: never) */
+    long long yield_ppm;      /* (yield_mu) how much of the last FRAC_NS or so we yielded, in ppm */
+    long long checked_at;     /* (yield_mu) NVML last asked */
+    long long doubt_until;    /* (yield_mu) the board's high-priority claims are not believed until then */
+    long long doubt_ns;       /* (yield_mu) how long the last false claim was doubted (0: none lately) */
 };
 
 static struct dev_state dev_state[VGPU_MAX_DEVICES];
@@ -164,6 +187,7 @@ static int one_device = -1; /* 1: the process sees one device, so a launch is on
 static pthread_once_t state_once = PTHREAD_ONCE_INIT;
 static long long last_stamp_s;
 static int warned_hold;
+static int warned_doubt;
 /* the pair this thread opened in before_launch, closed by after_launch; -1 none */
 static __thread int open_dev = -1;
 static __thread unsigned open_slot;
@@ -241,6 +265,7 @@ static void init_states(void)
     for (d = 0; d < VGPU_MAX_DEVICES; d++) {
         pthread_mutex_init(&dev_state[d].throttle_mu, 0);
         pthread_mutex_init(&dev_state[d].mu, 0);
+        pthread_mutex_init(&dev_state[d].yield_mu, 0);
         dev_state[d].est_ns[0] = dev_state[d].est_ns[1] = -1;
     }
 }
@@ -317,17 +342,20 @@ static void signals(vgpu_region_t *r)
 
 /* ---- the activity board ---- */
 
-/* our container on the board: its region file (the same file for all its processes), else this process */
+/* our container on the board: its region file (the same file for all its processes), else this process;
+ * VGPU_BOARD_HIGH when the region says priority 0 */
 static uint32_t container_tag(void)
 {
+    vgpu_region_t *r = vgpu_region_get();
     uint64_t d = 0, i = 0, h;
 
-    if (vgpu_region_get())
+    if (r)
         vgpu_region_file_id(&d, &i);
     h = d || i ? d * 0x9e3779b97f4a7c15ull ^ i : (uint64_t)getpid() << 20 ^ (uint64_t)now_ns();
     h ^= h >> 31;
     h *= 0xbf58476d1ce4e5b9ull;
-    return (uint32_t)(h >> 32) | 1;
+    return (((uint32_t)(h >> 32) | 1) & ~VGPU_BOARD_HIGH) |
+           (r && __atomic_load_n(&r->priority, __ATOMIC_RELAXED) == 0 ? VGPU_BOARD_HIGH : 0);
 }
 
 static void board_join(int dev)
@@ -560,6 +588,7 @@ static long long account(struct dev_state *st, vgpu_ledger_t *b, int dev, int pc
 }
 
 static void batch_cut(struct dev_state *st, int dev);
+static void pay(struct dev_state *st, int dev, long long debt);
 
 /* a batch of short launches is open: our queue has not drained since its first */
 static int batch_open_short(struct dev_state *st)
@@ -594,7 +623,7 @@ static void do_before(struct dev_state *st, vgpu_ledger_t *b, int dev, int pct, 
     if (debt) {
         if (__atomic_load_n(&st->queue_end, __ATOMIC_RELAXED) < now_ns() + debt)
             batch_cut(st, dev); /* our queue drains while we sleep: the launch after it begins a new batch */
-        sleep_ns(debt);
+        pay(st, dev, debt);
     }
     if (!measure && !wait_for && !debt)
         return;
@@ -756,6 +785,82 @@ static void batch_done(int dev)
     pthread_mutex_unlock(&st->mu);
 }
 
+/* ---- priority: a low-priority container yields to a busy high-priority one ---- */
+
+/* yield_mu held: whether we yield now. The board says whether a high-priority container of the GPU is
+ * busy; a neighbour can write that claim, so it is checked against NVML's utilisation of the whole GPU
+ * once we have yielded long enough for our own part of it to be small: what we may have used (all the
+ * time we did not yield, YIELD_PCT of the time we did) taken off, others must still keep the GPU
+ * OTHERS_UTIL busy. A claim that fails (or an NVML without utilisation) is not believed for DOUBT_NS,
+ * doubled at each failure up to MAX_DOUBT_NS; a claim that holds resets that. */
+static void decide_yield(struct dev_state *st, int dev)
+{
+    long long now = now_ns(), dt = now - st->yield_at, a, ours;
+    int y, util;
+
+    if (st->yield_at && dt > 0) { /* the last FRAC_NS or so: what we yielded then */
+        a = dt >= FRAC_NS ? 1000000 : dt * 1000000 / FRAC_NS;
+        st->yield_ppm += ((long long)st->yield_now * 1000000 - st->yield_ppm) * a / 1000000;
+    }
+    __atomic_store_n(&st->yield_at, now, __ATOMIC_RELAXED);
+    vgpu_board_sample(dev);
+    y = vgpu_board_high(dev) > 0 && now >= st->doubt_until;
+    if (y && st->yield_ppm >= CHECK_FRAC_PPM && now - st->checked_at >= CHECK_NS) {
+        st->checked_at = now;
+        util = ops.gpu_util ? ops.gpu_util(dev) : -1;
+        ours = 100 - st->yield_ppm * (100 - YIELD_PCT) / 1000000;
+        if (util - ours < OTHERS_UTIL) {
+            st->doubt_ns = st->doubt_ns ? (st->doubt_ns * 2 < MAX_DOUBT_NS ? st->doubt_ns * 2 : MAX_DOUBT_NS)
+                                        : DOUBT_NS;
+            st->doubt_until = now + st->doubt_ns;
+            y = 0;
+            if (!__atomic_exchange_n(&warned_doubt, 1, __ATOMIC_RELAXED))
+                VGPU_WARN("device %d: the GPU activity board shows a high-priority container busy, but NVML %s; "
+                          "not yielding to it for %lld s (and longer each time it recurs)", dev,
+                          util < 0 ? "gives no utilisation to check that by" : "shows the GPU mostly idle",
+                          st->doubt_ns / 1000000000ll);
+        } else {
+            st->doubt_ns = 0;
+        }
+    }
+    __atomic_store_n(&st->yield_now, y, __ATOMIC_RELAXED);
+}
+
+/* the percent in force, lowered to YIELD_PCT while we yield (a priority other than 0, HAMi's low) */
+static int yielded(vgpu_region_t *r, int dev, int pct)
+{
+    struct dev_state *st = &dev_state[dev];
+
+    if (!r || policy == VGPU_POLICY_DISABLE || __atomic_load_n(&r->priority, __ATOMIC_RELAXED) == 0)
+        return pct;
+    if (coarse_ns() - __atomic_load_n(&st->yield_at, __ATOMIC_RELAXED) >= LOOK_NS &&
+        pthread_mutex_trylock(&st->yield_mu) == 0) {
+        decide_yield(st, dev);
+        pthread_mutex_unlock(&st->yield_mu);
+    }
+    if (!__atomic_load_n(&st->yield_now, __ATOMIC_RELAXED))
+        return pct;
+    return pct && pct < YIELD_PCT ? pct : YIELD_PCT;
+}
+
+/* throttle_mu held: sleep off a debt; while we yield, in steps, and no longer once we stop (what we owe
+ * then was owed to the high-priority container's work) */
+static void pay(struct dev_state *st, int dev, long long debt)
+{
+    long long step;
+
+    if (!__atomic_load_n(&st->yield_now, __ATOMIC_RELAXED)) {
+        sleep_ns(debt);
+        return;
+    }
+    while (debt > 0 && __atomic_load_n(&st->yield_now, __ATOMIC_RELAXED)) {
+        step = debt < YIELD_STEP_NS ? debt : YIELD_STEP_NS;
+        sleep_ns(step);
+        debt -= step;
+        yielded(vgpu_region_get(), dev, 0); /* decides again, at most every LOOK_NS */
+    }
+}
+
 VGPU_HIDDEN void vgpu_limiter_before_launch(CUstream stream, int graph, uint64_t sig)
 {
     vgpu_region_t *r = vgpu_region_get();
@@ -772,7 +877,7 @@ VGPU_HIDDEN void vgpu_limiter_before_launch(CUstream stream, int graph, uint64_t
     if (VGPU_UNLIKELY(!joined))
         board_join(dev);
     /* the region's limit counts even when this process's env has none (a scrubbed environment) */
-    if (!(pct = percent_of(r, dev))) {
+    if (!(pct = yielded(r, dev, percent_of(r, dev)))) {
         vgpu_board_mark(dev); /* unmeasured: busy for a while after each launch */
         return;
     }

@@ -21,6 +21,7 @@ typedef struct {
     CUresult (*device_count)(int *n);
     int (*device_key)(int ordinal, char *out, size_t n); /* the device's UUID text, 0 on success */
     int (*gpu_procs)(int ordinal); /* processes with a context on the device, the GPU's own count (NVML); -1 unknown */
+    int (*gpu_util)(int ordinal);  /* percent of the GPU's recent time with a kernel running (NVML); -1 unknown */
 } vgpu_limiter_ops_t;
 
 /* fills the table on first use; 0 when every entry is there (ops.c, or a test's simulated GPU) */

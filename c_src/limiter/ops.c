@@ -22,6 +22,7 @@ VGPU_HIDDEN int vgpu_limiter_ops_load(vgpu_limiter_ops_t *ops)
     ops->device_count = REAL(cuDeviceGetCount);
     ops->device_key = vgpu_dev_uuid;
     ops->gpu_procs = vgpu_overhead_gpu_procs;
+    ops->gpu_util = vgpu_overhead_gpu_util;
     ops->event_create = REAL(cuEventCreate);
     ops->event_record = (__typeof__(ops->event_record))sym("cuEventRecord");
     ops->event_query = (__typeof__(ops->event_query))sym("cuEventQuery");

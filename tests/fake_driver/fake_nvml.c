@@ -26,7 +26,8 @@
  *                                  (busy neighbours, allocating all the time)
  *   FAKE_GPU=FILE                  the other processes of the shared time-sliced GPU (sim_gpu.h) are
  *                                  listed as well, holding no memory, as the real NVML lists every
- *                                  process with a context
+ *                                  process with a context; nvmlDeviceGetUtilizationRates gives that GPU's
+ *                                  utilisation (without FAKE_GPU: NVML_ERROR_NOT_SUPPORTED)
  * Fault injection:
  *   FAKE_NVML_PROCS_FAIL=1         the process-list calls fail (NVML_ERROR_UNKNOWN), as on hosts
  *                                  where NVML cannot see other pid namespaces' processes
@@ -34,6 +35,7 @@
  *   FAKE_NVML_SELF_ABSURD=1        this process's entry reports 2^53 bytes used
  * Test hook: fake_nvml_queries (memory and process-list calls so far).
  * Link with -ldl where dlopen is not in libc (glibc < 2.34). */
+#define _GNU_SOURCE /* RTLD_DEFAULT */
 #define NVML_NO_UNVERSIONED_FUNC_DEFS /* the unversioned names are exported here as the v1 ABIs */
 #include <dlfcn.h>
 #include <stdio.h>
@@ -221,21 +223,30 @@ static void uuid_of(unsigned p, char *out, size_t len)
     fake_uuid_string(p, out, len);
 }
 
-EXPORT nvmlReturn_t nvmlInit_v2(void)
+EXPORT nvmlReturn_t nvmlInitWithFlags(unsigned int flags)
 {
+    (void)flags;
     __atomic_add_fetch(&inited, 1, __ATOMIC_RELAXED);
     return NVML_SUCCESS;
 }
 
-EXPORT nvmlReturn_t nvmlInit(void)
+/* as the real NVML's, these open through nvmlInitWithFlags called through the global scope (its PLT), so a
+ * preloaded library exporting that name sees NVML's own call */
+static nvmlReturn_t open_with_flags(void)
 {
-    return nvmlInit_v2();
+    nvmlReturn_t (*with_flags)(unsigned int) = (nvmlReturn_t(*)(unsigned int))dlsym(RTLD_DEFAULT,
+                                                                                   "nvmlInitWithFlags");
+    return with_flags ? with_flags(0) : nvmlInitWithFlags(0);
 }
 
-EXPORT nvmlReturn_t nvmlInitWithFlags(unsigned int flags)
+EXPORT nvmlReturn_t nvmlInit_v2(void)
 {
-    (void)flags;
-    return nvmlInit_v2();
+    return open_with_flags();
+}
+
+EXPORT nvmlReturn_t nvmlInit(void)
+{
+    return open_with_flags();
 }
 
 EXPORT nvmlReturn_t nvmlShutdown(void)
@@ -378,16 +389,12 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t d, nvmlMemory_v2_t *
     return NVML_SUCCESS;
 }
 
-/* NVML's protocol: *count in is the room, out the number there is; too little room (infos may be
- * NULL with *count == 0 to ask) is INSUFFICIENT_SIZE with the number needed. size picks the
- * record: the v1 one (pid, usedGpuMemory) or the v2 one (= v3: MIG instance ids as well). */
-/* the other processes of the FAKE_GPU file, up to max; their pids into pids */
-static unsigned sim_others(unsigned *pids, unsigned max)
+/* the FAKE_GPU file, mapped read-only; NULL without one */
+static const struct sim_gpu *sim_file(void)
 {
     static struct sim_gpu *gpu;
     const char *path = getenv("FAKE_GPU");
-    unsigned n = 0;
-    int fd, i;
+    int fd;
 
     if (!gpu && path && *path && (fd = open(path, O_RDONLY | O_CLOEXEC)) >= 0) {
         void *m = mmap(0, sizeof *gpu, PROT_READ, MAP_SHARED, fd, 0);
@@ -395,6 +402,31 @@ static unsigned sim_others(unsigned *pids, unsigned max)
         if (m != MAP_FAILED)
             gpu = m;
     }
+    return gpu;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t d, nvmlUtilization_t *u)
+{
+    const struct sim_gpu *gpu = sim_file();
+
+    if (!inited)
+        return NVML_ERROR_UNINITIALIZED;
+    if (!u || !valid(d))
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (!gpu)
+        return NVML_ERROR_NOT_SUPPORTED;
+    u->gpu = (unsigned)(__atomic_load_n(&gpu->util_ppm, __ATOMIC_RELAXED) / 10000);
+    u->memory = 0;
+    return NVML_SUCCESS;
+}
+
+/* the other processes of the FAKE_GPU file, up to max; their pids into pids */
+static unsigned sim_others(unsigned *pids, unsigned max)
+{
+    const struct sim_gpu *gpu = sim_file();
+    unsigned n = 0;
+    int i;
+
     for (i = 0; gpu && i < SIM_PROCS && n < max; i++) {
         int pid = __atomic_load_n(&gpu->proc[i].pid, __ATOMIC_RELAXED);
         if (pid && pid != getpid())
@@ -403,6 +435,9 @@ static unsigned sim_others(unsigned *pids, unsigned max)
     return n;
 }
 
+/* NVML's protocol: *count in is the room, out the number there is; too little room (infos may be
+ * NULL with *count == 0 to ask) is INSUFFICIENT_SIZE with the number needed. size picks the
+ * record: the v1 one (pid, usedGpuMemory) or the v2 one (= v3: MIG instance ids as well). */
 static nvmlReturn_t processes(nvmlDevice_t d, unsigned int *count, void *infos, size_t size)
 {
     unsigned n = 0, need, nvisible, sim_pids[SIM_PROCS], nsim;

@@ -55,8 +55,11 @@ struct sim_gpu {
     int contended;      /* turns: others waited at the last step */
     long long sw_end;   /* turns: the turn to `owner` is done then */
     long long turn_at;  /* turns: the owner's slice began then */
+    long long util_t;   /* slice, turns: the utilisation below is accounted up to then */
+    long long util_ppm; /* ... the share of the last UTIL_NS or so with work running (NVML's utilisation) */
     struct sim_proc proc[SIM_PROCS];
 };
+#define UTIL_NS 100000000ll /* about NVML's sample period on a datacenter GPU */
 
 static struct sim_gpu *shared;
 static int gpu_fd = -1, serial;
@@ -120,6 +123,18 @@ SIM_FN int next_turn(int o)
     return -1;
 }
 
+/* lock held: the GPU was busy (or idle) from util_t up to t */
+SIM_FN void util_to(long long t, int busy)
+{
+    long long s = t - shared->util_t, a;
+
+    if (s <= 0)
+        return;
+    a = s >= UTIL_NS ? 1000000 : s * 1000000 / UTIL_NS;
+    shared->util_ppm += ((busy ? 1000000 : 0) - shared->util_ppm) * a / 1000000;
+    shared->util_t = t;
+}
+
 /* turns, lock held: see the top */
 SIM_FN void advance_turns(long long now)
 {
@@ -130,6 +145,7 @@ SIM_FN void advance_turns(long long now)
         if (shared->sw_end > t) {
             if (shared->sw_end >= now)
                 break;
+            util_to(shared->sw_end, 1);
             t = shared->turn_at = shared->sw_end;
         }
         o = shared->owner - 1;
@@ -156,6 +172,7 @@ SIM_FN void advance_turns(long long now)
                     if (!p->ev[j].ts && p->ev[j].target > before && p->ev[j].target <= p->done)
                         p->ev[j].ts = t + (p->ev[j].target - before);
                 t += run;
+                util_to(t, 1);
                 continue;
             }
         }
@@ -166,6 +183,7 @@ SIM_FN void advance_turns(long long now)
         shared->sw_end = t + turn_switch_ns;
         shared->contended = 0;
     }
+    util_to(now, 0);
     shared->t = now;
 }
 
@@ -213,7 +231,9 @@ SIM_FN void advance(long long now)
                     p->ev[j].ts = t + (p->ev[j].target - before) * step / per;
         }
         t += step;
+        util_to(t, 1);
     }
+    util_to(now, 0);
     shared->t = now;
 }
 

@@ -9,7 +9,7 @@ import contextlib
 import os
 import subprocess
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 LONG_ITERS, SHORT_ITERS = 1 << 18, 3000  # about 2.2 ms and 29 us a kernel on an H200
@@ -20,6 +20,7 @@ class Container:
     limit: int | None  # CUDA_DEVICE_SM_LIMIT (or the MPS thread percentage); None: none
     procs: int = 1
     arrives: float = 0.0  # seconds after the first container's loop began (a pod that starts later)
+    env: dict[str, str] = field(default_factory=dict)  # more of its environment (CUDA_TASK_PRIORITY, say)
 
 
 def jain(xs: list[float]) -> float:
@@ -64,6 +65,7 @@ class ShareRunner:
                 extra.update(CUDA_MPS_PIPE_DIRECTORY=pipe, CUDA_MPS_LOG_DIRECTORY=pipe)
                 if spec.limit:
                     extra["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(spec.limit)
+            extra.update(spec.env)
             if window:
                 extra["LOOP_WINDOW"] = f"{window[0]:.3f},{window[1]:.3f}"
             begin = start_at + spec.arrives

@@ -42,8 +42,10 @@ def test_containers_share_fairly(runner: ShareRunner, iters: int) -> None:
     print(f"\nFIGURE containers, iters {iters}: 50/50 -> {half}, 25/25 -> {quarter}, 50 beside none -> {beside}")
     ceiling = runner.run([Container(None), Container(None)], iters, shim=False)  # what time-slicing gives
     assert min(half) >= min(0.42, 0.9 * min(ceiling)) and jain(half) >= 0.98
-    # 0.247-0.258 with the board's busy history; 0.217-0.312 without it
-    assert all(0.23 <= q <= 0.27 for q in quarter) and jain(quarter) >= 0.98
+    # long: 0.247-0.258 with the board's busy history, 0.217-0.312 without it. Short batches pay the GPU's turns
+    # (C_2 0.64): 0.236 / 0.227 on the H200, the issue's floor 0.9 x 0.25 x C_2 = 0.144
+    floor = min(0.23, 0.9 * 0.25 * sum(ceiling))
+    assert all(floor <= q <= 0.27 for q in quarter) and jain(quarter) >= 0.98, (quarter, ceiling)
     assert beside[0] >= min(0.42, 0.9 * min(ceiling))
 
 
@@ -69,6 +71,27 @@ def test_a_late_container_gets_its_share(runner: ShareRunner, cs: list[Container
             assert 0.9 * c.limit / 100 * c2 <= share <= c.limit / 100 + 0.02, (c, share)
         else:
             assert share >= 0.9 * 0.5 * c2 * 0.9, share  # the unlimited one keeps about half
+
+
+HIGH, LOW = {"CUDA_TASK_PRIORITY": "0"}, {"CUDA_TASK_PRIORITY": "1"}
+
+
+@pytest.mark.parametrize("first", ["low", "high"])
+def test_a_busy_high_priority_container_keeps_the_gpu(runner: ShareRunner, first: str) -> None:
+    """CUDA_TASK_PRIORITY without HAMi's monitor: a priority-0 and a priority-1 container, both busy and without
+    SM limits (time-slicing gives them about half each), the second arriving 0.3 s after the first. The low one
+    yields to 5 % of the GPU while the high one is busy, NVML's utilisation confirming the board's claim; alone,
+    it runs as without priorities."""
+    high, low = Container(None, env=HIGH), Container(None, env=LOW)
+    if first == "high":
+        got = runner.run([high, Container(None, arrives=0.3, env=LOW)], LONG_ITERS)
+        hi, lo = got
+    else:
+        got = runner.run([low, Container(None, arrives=0.3, env=HIGH)], LONG_ITERS)
+        lo, hi = got
+    [alone] = runner.run([low], LONG_ITERS)
+    print(f"\nFIGURE priority, {first} first: high {hi:.3f}, low {lo:.3f}; the low one alone {alone:.3f}")
+    assert hi >= 0.85 and lo <= 0.15 and alone >= 0.90, (hi, lo, alone)
 
 
 @pytest.mark.parametrize("attack", ["truncate", "zero", "junk"])

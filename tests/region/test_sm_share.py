@@ -75,10 +75,12 @@ class Node:
         return shares
 
     def arrivals(self, containers: list[tuple[int | None, float]], kernel_us: int = LONG_US, window: float = 1.5,
-                 during: Callable[[], None] | None = None, **extra: str) -> list[float]:
+                 during: Callable[[], None] | None = None, envs: list[dict[str, str]] | None = None,
+                 **extra: str) -> list[float]:
         """containers: (SM limit or None, seconds after the first one it starts) each, one process each; every
         share over one window that opens a second after the last arrival, read from the simulated GPU itself
-        by an observer (as NVML would be, from outside). `during` runs while the window is open."""
+        by an observer (as NVML would be, from outside). `during` runs while the window is open; `envs`: each
+        container's own extra environment."""
         (self.tmp / "gpu").touch()
         t0 = time.monotonic() + 0.2
         w0 = t0 + max(d for _, d in containers) + 1.0
@@ -87,7 +89,8 @@ class Node:
         try:
             for c, (limit, delay) in enumerate(containers):
                 time.sleep(max(0.0, t0 + delay - time.monotonic()))
-                env = self.env(f"c{c}", limit, SIM_SECONDS=f"{w1 + 0.3 - time.monotonic():.3f}", **extra)
+                env = self.env(f"c{c}", limit, SIM_SECONDS=f"{w1 + 0.3 - time.monotonic():.3f}",
+                               **{**extra, **(envs[c] if envs else {})})
                 procs.append(self.start(env, kernel_us))
                 if c == 0:
                     observer = subprocess.Popen([str(self.sim), "observe", f"{w0:.6f}", f"{w1:.6f}"],
@@ -227,6 +230,69 @@ def test_a_container_that_leaves_and_comes_back(sliced: Node) -> None:
     """A 30 that ran, left and came back while a 70 stayed busy is the late one the second time."""
     sliced.arrivals([(70, 0.0), (30, 0.0)], window=0.5)
     assert sliced.arrivals([(70, 0.0), (30, 0.5)])[1] >= 0.9 * 0.3 * C2
+
+
+# ---- priority without HAMi's monitor (CUDA_TASK_PRIORITY: 0 high, anything else low) ----
+
+HIGH, LOW = {"CUDA_TASK_PRIORITY": "0"}, {"CUDA_TASK_PRIORITY": "1"}
+
+
+@pytest.mark.parametrize("first", ["low", "high"])
+def test_a_busy_high_priority_container_keeps_the_gpu(sliced: Node, first: str) -> None:
+    """A priority-0 and a priority-1 container, both busy, neither with an SM limit: time-slicing gave them
+    0.500 / 0.500. The low one yields (to 5 % of the GPU) while the high one is busy, whichever came first."""
+    envs = [LOW, HIGH] if first == "low" else [HIGH, LOW]
+    got = sliced.arrivals([(None, 0.0), (None, 0.3)], envs=envs)
+    high, low = got if first == "high" else got[::-1]
+    print(f"\nFIGURE priority, {first} first: high {high}, low {low}")
+    assert high >= 0.85 and low <= 0.12, (high, low)
+
+
+def test_a_low_priority_container_runs_freely_when_no_high_one_is_busy(sliced: Node) -> None:
+    """Alone, and after a high-priority one has left: as without priorities."""
+    [alone] = sliced.arrivals([(None, 0.0)], envs=[LOW])
+    assert alone >= 0.90, alone
+    high = sliced.start(sliced.env("c9", None, SIM_SECONDS="0.5", **HIGH), LONG_US)
+    try:
+        [after] = sliced.arrivals([(None, 0.0)], envs=[LOW])  # its window opens after the high one is gone
+    finally:
+        share(high)
+    print(f"\nFIGURE priority: a low one alone {alone}, after a high one left {after}")
+    assert after >= 0.90, after
+
+
+def test_a_limited_high_priority_container_leaves_the_rest_to_the_low_one(sliced: Node) -> None:
+    """A high-priority 50 sleeps off its debt half the time; the low one runs then (0.26-0.29 here: it notices
+    within 10 ms that the high one's queue has drained, and yields again at its next launch)."""
+    high, low = sliced.arrivals([(50, 0.0), (None, 0.3)], envs=[HIGH, LOW])
+    print(f"\nFIGURE priority: a high 50 {high} beside a low unlimited one {low}")
+    assert 0.9 * 0.5 * C2 <= high <= 0.53 and low >= 0.18, (high, low)
+
+
+@pytest.mark.parametrize("nvml", ["utilisation", "none"])
+def test_a_forged_high_priority_claim_holds_nobody_back(sliced: Node, nvml: str) -> None:
+    """A neighbour writes busy entries tagged high-priority (their liveness locks held) but runs no work: NVML's
+    utilisation shows the GPU busy with only the low container's own work, so the claim is not believed after
+    about 0.2 s (and doubted longer each time it recurs). Without a utilisation to check by, it is not
+    believed either."""
+    board = sliced.tmp / "node" / BOARD
+    fds: list[int] = []
+
+    def forge() -> None:
+        fds.append(board_forgery.hold_locks(board, range(3, 64)))
+        end = time.monotonic() + 1.4
+        while time.monotonic() < end:
+            board_forgery.forge_all(board, range(3, 64), tag=board_forgery.HIGH_TAG)
+            time.sleep(0.001)
+
+    try:
+        [low] = sliced.arrivals([(None, 0.0)], during=forge, envs=[LOW],
+                                **({"SIM_GPU_UTIL": "none"} if nvml == "none" else {}))
+    finally:
+        for fd in fds:
+            os.close(fd)
+    print(f"\nFIGURE priority: a low one beside a forged high claim ({nvml}) {low}")
+    assert low >= 0.75, low
 
 
 # ---- neighbours that write the node's shared files ----

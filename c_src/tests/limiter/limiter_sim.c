@@ -204,9 +204,25 @@ static int procs(int ordinal)
     return n;
 }
 
+/* the GPU's utilisation, as NVML would give it (over about its sample period); SIM_GPU_UTIL=none: NVML
+ * has none */
+static int util(int ordinal)
+{
+    long long ppm;
+    (void)ordinal;
+    if (!shared || serial || (getenv("SIM_GPU_UTIL") && !strcmp(getenv("SIM_GPU_UTIL"), "none")))
+        return -1;
+    lock();
+    advance(now_ns());
+    ppm = shared->util_ppm;
+    unlock();
+    return (int)(ppm / 10000);
+}
+
 VGPU_HIDDEN int vgpu_limiter_ops_load(vgpu_limiter_ops_t *ops)
 {
     ops->gpu_procs = procs;
+    ops->gpu_util = util;
     ops->device_count = count;
     ops->device_key = key;
     ops->ctx_get_device = get_device;
