@@ -66,3 +66,13 @@ def keep_forging(path: Path, kind: str, every: float, stop: threading.Event) -> 
                 f.seek(ENTRY * i)
                 f.write(forged_entry(now) if kind == "busy" else idle_entry(now))
         stop.wait(every)
+
+
+def forge_for(path: Path, seconds: float, fds: list[int], tag: int = 1) -> None:
+    """A forger for `seconds`: holds the liveness locks of entries 3..63 (their fds into `fds`, for the caller
+    to close) and rewrites them as busy with `tag` every millisecond."""
+    fds.append(hold_locks(path, range(3, ENTRIES + 1)))
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        forge_all(path, range(3, ENTRIES + 1), tag=tag)
+        time.sleep(0.001)

@@ -279,11 +279,7 @@ def test_a_forged_high_priority_claim_holds_nobody_back(sliced: Node, nvml: str)
     fds: list[int] = []
 
     def forge() -> None:
-        fds.append(board_forgery.hold_locks(board, range(3, 64)))
-        end = time.monotonic() + 1.4
-        while time.monotonic() < end:
-            board_forgery.forge_all(board, range(3, 64), tag=board_forgery.HIGH_TAG)
-            time.sleep(0.001)
+        board_forgery.forge_for(board, 1.4, fds, tag=board_forgery.HIGH_TAG)
 
     try:
         [low] = sliced.arrivals([(None, 0.0)], during=forge, envs=[LOW],
@@ -368,11 +364,7 @@ def test_forged_contention_gains_nothing(sliced: Node) -> None:
     fds: list[int] = []
 
     def forge() -> None:
-        fds.append(board_forgery.hold_locks(board, range(3, 64)))
-        end = time.monotonic() + 1.4
-        while time.monotonic() < end:
-            board_forgery.forge_all(board, range(3, 64))
-            time.sleep(0.001)
+        board_forgery.forge_for(board, 1.4, fds)
 
     try:
         small, big = sliced.arrivals([(10, 0.0), (None, 0.3)], during=forge)
