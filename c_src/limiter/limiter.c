@@ -37,6 +37,11 @@
  *    running) to its harvest.
  *    Unmeasured launches are charged a running estimate of one launch's charge per kind (kernel,
  *    graph), with no driver call at all.
+ *    With VGPU_SM_CHARGE=occupancy every charge of a kernel launch, measured or estimated, is then
+ *    scaled by the share of the device's SMs its grid can occupy (occupancy.c; graphs in full): the
+ *    limit becomes a share of the SMs, as MPS's thread percentage is (docs/compatibility.md says which
+ *    meaning suits which workload). The estimate itself stays unscaled, so launches of several shapes
+ *    are each scaled by their own grid.
  * 2b. Charge the turn to us. A GPU shared without MPS turns from one context to another at a cost
  *    (about 130 us on an H200) in which nobody's work runs, and a loop of short kernels that syncs
  *    every few launches gets one turn per batch: two such loops get 0.32 of one alone each, where
@@ -99,6 +104,7 @@
 #include "limiter/bucket.h"
 #include "limiter/limiter.h"
 #include "limiter/limiter_int.h"
+#include "limiter/occupancy.h"
 #include "limits/limits.h"
 #include "log/log.h"
 #include "region/region.h"
@@ -139,6 +145,7 @@ struct pair {
     long long t0;   /* launched (CLOCK_MONOTONIC ns) */
     long long late; /* a harvest found it unfinished then (0: none did) */
     uint64_t sig;
+    unsigned ppm; /* what its charge is scaled by (VGPU_PPM: in full) */
 };
 
 struct dev_state {
@@ -181,6 +188,8 @@ struct dev_state {
 static struct dev_state dev_state[VGPU_MAX_DEVICES];
 static int env_any; /* some env SM limit */
 static int policy;
+static int charge_kind;       /* VGPU_CHARGE_TIME or _OCCUPANCY (VGPU_SM_CHARGE) */
+static const char *bad_charge; /* a VGPU_SM_CHARGE we did not understand, warned about once */
 static vgpu_limiter_ops_t ops;
 static int ops_state; /* 0 unknown, 1 loaded, -1 missing */
 static int one_device = -1; /* 1: the process sees one device, so a launch is on device 0 */
@@ -209,7 +218,7 @@ static long long coarse_ns(void)
 
 VGPU_HIDDEN void vgpu_limiter_load_env(void)
 {
-    const char *pol = getenv("GPU_CORE_UTILIZATION_POLICY");
+    const char *pol = getenv("GPU_CORE_UTILIZATION_POLICY"), *how = getenv("VGPU_SM_CHARGE");
     int any = 0, d;
 
     policy = VGPU_POLICY_DEFAULT;
@@ -217,6 +226,12 @@ VGPU_HIDDEN void vgpu_limiter_load_env(void)
         policy = VGPU_POLICY_FORCE;
     else if (pol && !strcasecmp(pol, "disable"))
         policy = VGPU_POLICY_DISABLE;
+    charge_kind = VGPU_CHARGE_TIME;
+    bad_charge = 0;
+    if (how && !strcasecmp(how, "occupancy"))
+        charge_kind = VGPU_CHARGE_OCCUPANCY;
+    else if (how && *how && strcasecmp(how, "time"))
+        bad_charge = how; /* the default, HAMi's meaning: never a cheaper charge than asked for */
     for (d = 0; d < VGPU_MAX_DEVICES; d++)
         any |= vgpu_limits_env_sm(d) > 0;
     env_any = any;
@@ -276,6 +291,9 @@ static int load_ops(void)
     if (s)
         return s > 0;
     s = vgpu_limiter_ops_load(&ops) == 0 ? 1 : -1;
+    if (bad_charge && vgpu_limiter_throttles())
+        VGPU_WARN("VGPU_SM_CHARGE=%.32s is neither time nor occupancy; launches are charged their time (the default)",
+                  bad_charge);
     if (s < 0 && vgpu_limiter_throttles())
         VGPU_WARN("SM limit set but the driver lacks the event entry points; launches are not throttled");
     else if (s > 0)
@@ -395,6 +413,12 @@ static void charge(struct dev_state *st, vgpu_ledger_t *b, long long ns)
 {
     vgpu_bucket_charge(b, ns);
     __atomic_fetch_add(&st->charged_ns, ns, __ATOMIC_RELAXED);
+}
+
+/* a charge scaled by the share of the SMs its launch holds (ppm) */
+static long long scaled(long long ns, unsigned ppm)
+{
+    return ppm >= VGPU_PPM ? ns : ns / VGPU_PPM * ppm + ns % VGPU_PPM * ppm / VGPU_PPM;
 }
 
 static unsigned solo_slot(uint64_t sig)
@@ -536,7 +560,7 @@ static void harvest(struct dev_state *st, vgpu_ledger_t *b, int dev)
         if (k > 1000 && !others)
             others = 1;
         ns = own_share(st, p, ns, k, sure && !others); /* nobody busy now either: A may be learnt */
-        charge(st, b, ns);
+        charge(st, b, scaled(ns, p->ppm));
         est = __atomic_load_n(&st->est_ns[p->graph], __ATOMIC_RELAXED);
         __atomic_store_n(&st->est_ns[p->graph], est < 0 ? ns : est + (ns - est) / 4, __ATOMIC_RELAXED);
         p->done = 0;
@@ -600,7 +624,7 @@ static int batch_open_short(struct dev_state *st)
 
 /* throttle_mu held: pay any debt; when `measure`, open an event pair on the stream */
 static void do_before(struct dev_state *st, vgpu_ledger_t *b, int dev, int pct, CUstream stream, int measure,
-                      int graph, uint64_t sig)
+                      int graph, uint64_t sig, unsigned ppm)
 {
     long long debt;
     CUevent wait_for = 0;
@@ -644,6 +668,7 @@ static void do_before(struct dev_state *st, vgpu_ledger_t *b, int dev, int pct, 
             p->done = 0;
             p->graph = graph;
             p->sig = sig;
+            p->ppm = ppm;
             p->t0 = t0; /* before the record: its start cannot complete earlier */
             p->late = 0;
             open_dev = dev;
@@ -668,14 +693,14 @@ static void queued(struct dev_state *st, int dev, int graph)
     vgpu_board_until(dev, end);
 }
 
-static void throttle(CUstream stream, int dev, int pct, int graph, uint64_t sig)
+static void throttle(CUstream stream, int dev, int pct, int graph, uint64_t sig, const vgpu_grid_t *grid)
 {
     CUstreamCaptureStatus cap = CU_STREAM_CAPTURE_STATUS_NONE;
     struct dev_state *st;
     vgpu_ledger_t *b;
     long long est;
     int measure;
-    unsigned rate;
+    unsigned rate, ppm = VGPU_PPM;
 
     if (VGPU_UNLIKELY(!__atomic_load_n(&states_ready, __ATOMIC_ACQUIRE))) {
         pthread_once(&state_once, init_states);
@@ -686,9 +711,11 @@ static void throttle(CUstream stream, int dev, int pct, int graph, uint64_t sig)
     est = __atomic_load_n(&st->est_ns[graph], __ATOMIC_RELAXED);
     rate = __atomic_load_n(&st->others, __ATOMIC_RELAXED) ? SAMPLE_SHARED : SAMPLE;
     measure = est < 0 || !st->ready || (next_rand() & (rate - 1)) == 0;
+    if (charge_kind == VGPU_CHARGE_OCCUPANCY && !graph)
+        ppm = vgpu_occupancy_ppm(&ops, dev, sig, grid);
     if (!measure) {
         /* the common case: charge the estimate, no driver call, no lock unless in debt or due */
-        charge(st, b, est);
+        charge(st, b, scaled(est, ppm));
         if (VGPU_LIKELY(vgpu_bucket_tokens(b) >= 0 &&
                         coarse_ns() < __atomic_load_n(&st->next_harvest_ns, __ATOMIC_RELAXED)))
             goto launch;
@@ -704,10 +731,10 @@ static void throttle(CUstream stream, int dev, int pct, int graph, uint64_t sig)
         if (!measure && !st->ready)
             goto launch;
         if (!measure && est > 0) /* another context's stream: charged like an unmeasured launch */
-            charge(st, b, est);
+            charge(st, b, scaled(est, ppm));
     }
     pthread_mutex_lock(&st->throttle_mu);
-    do_before(st, b, dev, pct, stream, measure, graph, sig);
+    do_before(st, b, dev, pct, stream, measure, graph, sig, ppm);
     pthread_mutex_unlock(&st->throttle_mu);
 launch:
     queued(st, dev, graph); /* after any debt is paid: asleep, we are not busy */
@@ -861,7 +888,7 @@ static void pay(struct dev_state *st, int dev, long long debt)
     }
 }
 
-VGPU_HIDDEN void vgpu_limiter_before_launch(CUstream stream, int graph, uint64_t sig)
+VGPU_HIDDEN void vgpu_limiter_before_launch(CUstream stream, int graph, uint64_t sig, const vgpu_grid_t *grid)
 {
     vgpu_region_t *r = vgpu_region_get();
     CUdevice dev = 0;
@@ -884,7 +911,7 @@ VGPU_HIDDEN void vgpu_limiter_before_launch(CUstream stream, int graph, uint64_t
     /* measured: busy until our queue should have drained, not a flat while after each launch, which
      * outlasts a throttled container's short bursts and made its neighbours see two contexts busy
      * (and charge themselves half) while they ran alone */
-    throttle(stream, dev, pct, graph ? 1 : 0, sig);
+    throttle(stream, dev, pct, graph ? 1 : 0, sig, grid);
 }
 
 VGPU_HIDDEN int vgpu_limiter_before_wait(void)

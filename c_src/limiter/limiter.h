@@ -1,6 +1,6 @@
 /* Launch hooks for the SM limiter and the monitor's signals (limiter.c). Wrappers call them
  * around the real launch (the pair measures a sampled launch's GPU time):
- *   if (__builtin_expect(vgpu_limiter_enabled, 0)) vgpu_limiter_before_launch(stream, is_graph, shape);
+ *   if (__builtin_expect(vgpu_limiter_enabled, 0)) vgpu_limiter_before_launch(stream, is_graph, shape, grid);
  *   rc = real(...);
  *   if (__builtin_expect(vgpu_limiter_enabled, 0)) vgpu_limiter_after_launch(stream); */
 #ifndef VGPU_LIMITER_H
@@ -13,9 +13,18 @@
 #include "vgpu.h"
 
 VGPU_HIDDEN extern int vgpu_limiter_enabled;
+
+/* a kernel launch's grid: what VGPU_SM_CHARGE=occupancy needs to know how much of the SMs it holds */
+typedef struct {
+    CUfunction f;
+    unsigned long long blocks; /* gridDim x * y * z */
+    unsigned threads;          /* blockDim x * y * z */
+    unsigned smem;             /* dynamic shared memory per block */
+} vgpu_grid_t;
+
 /* shape: a word naming what is launched (the kernel and its grid, or the graph), so that launches
- * of the same work compare (vgpu_launch_shape) */
-VGPU_HIDDEN void vgpu_limiter_before_launch(CUstream s, int graph, uint64_t shape);
+ * of the same work compare (vgpu_launch_shape); grid: the kernel's, 0 for a graph or when unknown */
+VGPU_HIDDEN void vgpu_limiter_before_launch(CUstream s, int graph, uint64_t shape, const vgpu_grid_t *grid);
 VGPU_HIDDEN void vgpu_limiter_after_launch(CUstream s);
 /* around a wait for the GPU (cuCtxSynchronize, cuStreamSynchronize): the process has work queued,
  * so it is busy on the activity board meanwhile. before returns what after takes (-1: nothing). */

@@ -22,10 +22,16 @@ typedef struct {
     int (*device_key)(int ordinal, char *out, size_t n); /* the device's UUID text, 0 on success */
     int (*gpu_procs)(int ordinal); /* processes with a context on the device, the GPU's own count (NVML); -1 unknown */
     int (*gpu_util)(int ordinal);  /* percent of the GPU's recent time with a kernel running (NVML); -1 unknown */
+    int (*sm_count)(int ordinal);  /* the device's SMs; -1 unknown (0 entry: unknown) */
+    CUresult (*occupancy)(int *blocks, CUfunction f, int threads, size_t smem); /* blocks one SM holds; may be 0 */
 } vgpu_limiter_ops_t;
 
 /* fills the table on first use; 0 when every entry is there (ops.c, or a test's simulated GPU) */
 VGPU_HIDDEN int vgpu_limiter_ops_load(vgpu_limiter_ops_t *ops);
+
+/* what a launch is charged, from VGPU_SM_CHARGE: its time (default, HAMi's meaning) or its time times
+ * the share of the SMs its grid occupies */
+enum { VGPU_CHARGE_TIME = 0, VGPU_CHARGE_OCCUPANCY = 1 };
 
 /* policy from GPU_CORE_UTILIZATION_POLICY */
 enum { VGPU_POLICY_DEFAULT = 0, VGPU_POLICY_FORCE = 1, VGPU_POLICY_DISABLE = 2 };

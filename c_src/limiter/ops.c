@@ -11,6 +11,17 @@ static void *sym(const char *name)
     return vgpu_lib_handle(VGPU_LIB_CUDA) ? vgpu_resolve(name, VGPU_LIB_CUDA, 0) : 0;
 }
 
+static int sm_count(int ordinal)
+{
+    CUdevice d;
+    int n = -1;
+
+    if (REAL(cuDeviceGet)(&d, ordinal) != CUDA_SUCCESS ||
+        REAL(cuDeviceGetAttribute)(&n, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, d) != CUDA_SUCCESS)
+        return -1;
+    return n;
+}
+
 VGPU_HIDDEN int vgpu_limiter_ops_load(vgpu_limiter_ops_t *ops)
 {
     void *elapsed;
@@ -30,6 +41,8 @@ VGPU_HIDDEN int vgpu_limiter_ops_load(vgpu_limiter_ops_t *ops)
     elapsed = sym("cuEventElapsedTime_v2"); /* CUDA 12.8+; the unversioned one is the old ABI */
     ops->event_elapsed = (__typeof__(ops->event_elapsed))(elapsed ? elapsed : sym("cuEventElapsedTime"));
     ops->stream_is_capturing = (__typeof__(ops->stream_is_capturing))sym("cuStreamIsCapturing");
+    ops->sm_count = sm_count;
+    ops->occupancy = (__typeof__(ops->occupancy))sym("cuOccupancyMaxActiveBlocksPerMultiprocessor"); /* optional */
     return (ops->event_record && ops->event_query && ops->event_sync && ops->event_elapsed &&
             ops->stream_is_capturing && !vgpu_is_not_found_stub((void *)ops->event_create))
                ? 0

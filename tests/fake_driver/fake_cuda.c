@@ -1954,6 +1954,22 @@ EXPORT void fake_last_args(unsigned long long out[6])
     memcpy(out, last_args, sizeof last_args);
 }
 
+/* ---- occupancy: an SM of the H200's kind holds 2048 threads, 32 blocks and 228 KiB of shared memory ---- */
+EXPORT CUresult cuOccupancyMaxActiveBlocksPerMultiprocessor(int *n, CUfunction f, int threads, size_t smem)
+{
+    int by_threads, by_smem;
+
+    (void)f;
+    if (!n || threads <= 0 || threads > 1024)
+        return CUDA_ERROR_INVALID_VALUE;
+    by_threads = 2048 / threads;
+    by_smem = smem ? (int)(233472 / smem) : 32;
+    *n = by_threads < by_smem ? by_threads : by_smem;
+    if (*n > 32)
+        *n = 32;
+    return CUDA_SUCCESS;
+}
+
 /* ---- launches: counted, nothing else ---- */
 #define KPARAMS CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, \
     unsigned shmem, CUstream s

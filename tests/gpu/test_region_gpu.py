@@ -68,11 +68,15 @@ def test_a_context_that_would_not_fit_is_refused_before_it_is_made(gpu: Gpu, reg
     assert "refused before the driver makes it" in late.stderr, late.stderr
 
 
-def _loop(gpu: Gpu, exe: Path, preload: bool, **extra: str) -> float:
+def _loop_kv(gpu: Gpu, exe: Path, preload: bool, **extra: str) -> dict[str, str]:
     env = gpu.env(None, preload=preload, **extra)
     p = subprocess.run([str(exe), "loop", LOOP_SECONDS], env=env, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stdout + p.stderr
-    return float(kv(p.stdout)["kernels_per_s"])
+    return kv(p.stdout)
+
+
+def _loop(gpu: Gpu, exe: Path, preload: bool, **extra: str) -> float:
+    return float(_loop_kv(gpu, exe, preload, **extra)["kernels_per_s"])
 
 
 def test_sm_limit_scales_a_compute_bound_loop(gpu: Gpu, region_gpu: Path) -> None:
@@ -87,3 +91,28 @@ def test_sm_limit_scales_a_compute_bound_loop(gpu: Gpu, region_gpu: Path) -> Non
     assert full / bare > 0.95  # 100 = no limit: unchanged (within run-to-run clock noise)
     assert 0.40 < half / bare < 0.60  # 50 halves it
     assert 0.18 < quarter / bare < 0.35
+
+
+
+def test_an_occupancy_charge_makes_the_limit_a_share_of_the_sms(gpu: Gpu, region_gpu: Path) -> None:
+    """VGPU_SM_CHARGE=occupancy on the real driver: a grid of one wave that fills every SM is charged its time
+    (SM 50: half of bare), one that fills a quarter of them is charged a quarter of it (SM 50: full speed;
+    SM 10: 0.4 of bare). The driver's occupancy API says how many of the loop's blocks one SM holds."""
+    probe = _loop_kv(gpu, region_gpu, preload=False)
+    whole = int(probe["sms"]) * int(probe["per_sm"])
+    assert whole > 0, probe
+    figures = {}
+    for name, blocks, limit in [("whole", whole, "50"), ("quarter", whole // 4, "50"), ("quarter", whole // 4, "10")]:
+        bare = _loop(gpu, region_gpu, preload=False, SPIN_BLOCKS=str(blocks))
+        ours = _loop(gpu, region_gpu, preload=True, SPIN_BLOCKS=str(blocks), CUDA_DEVICE_SM_LIMIT=limit,
+                     VGPU_SM_CHARGE="occupancy")
+        figures[f"{name} at {limit}"] = ours / bare
+    timed = _loop(gpu, region_gpu, preload=True, SPIN_BLOCKS=str(whole // 4), CUDA_DEVICE_SM_LIMIT="50")
+    figures["quarter at 50, time charge"] = timed / _loop(gpu, region_gpu, preload=False, SPIN_BLOCKS=str(whole // 4))
+    print(f"\nFIGURE occupancy charge ({probe['sms']} SMs x {probe['per_sm']} blocks of 256): "
+          + ", ".join(f"{k} {v:.3f}x" for k, v in figures.items()))
+    assert 0.42 < figures["whole at 50"] < 0.58, figures
+    assert figures["quarter at 50"] > 0.90, figures
+    assert 0.34 < figures["quarter at 10"] < 0.46, figures
+    assert 0.42 < figures["quarter at 50, time charge"] < 0.58, figures
+

@@ -13,7 +13,7 @@ REGION_SOURCES = sorted((C_SRC / "region").glob("*.c")) + [C_SRC / "log" / "log.
     (C_SRC / "limits").glob("*.c")
 )
 # the limiter as the simulator links it (ops.c, its binding to the real driver, is replaced there)
-LIMITER_SOURCES = [C_SRC / "limiter" / n for n in ("limiter.c", "board.c", "bucket.c")]
+LIMITER_SOURCES = [C_SRC / "limiter" / n for n in ("limiter.c", "board.c", "bucket.c", "occupancy.c")]
 CFLAGS = ["-O2", "-g", "-std=gnu11", "-Wall", "-Wextra", "-Werror", "-fvisibility=hidden", f"-I{C_SRC}"]
 
 

@@ -22,11 +22,12 @@ static double now(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t);
 int main(int argc, char **argv)
 {
     CUdevice dev; CUcontext ctx; CUdeviceptr p; double t0, secs = atof(argv[1]); long n = 0;
+    unsigned blocks = argc > 2 ? (unsigned)atoi(argv[2]) : 1, threads = argc > 3 ? (unsigned)atoi(argv[3]) : 1;
     if (cuInit(0) || cuDeviceGet(&dev, 0) || cuDevicePrimaryCtxRetain(&ctx, dev) || cuCtxSetCurrent(ctx) ||
         cuMemAlloc(&p, 1 << 20)) /* the region attaches on the first allocation */
         return 3;
     for (t0 = now(); now() - t0 < secs;) {
-        if (cuLaunchKernel((CUfunction)1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0))
+        if (cuLaunchKernel((CUfunction)1, blocks, 1, 1, threads, 1, 1, 0, 0, 0, 0))
             return 4;
         if (++n % 8 == 0)
             cuCtxSynchronize();
@@ -56,7 +57,10 @@ def gpu_driver(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 
 def run(gpu_driver: tuple[Path, Path], shim_path: Path, tmp: Path, containers: list[tuple[int, int]],
-        envs: list[dict[str, str]] | None = None, **extra: str) -> list[float]:
+        envs: list[dict[str, str]] | None = None, grid: tuple[int, int] = (1, 1), stderr: list[str] | None = None,
+        **extra: str) -> list[float]:
+    """Each container's share of the GPU (its processes' kernel time over the wall); `grid`: each kernel's
+    (blocks, threads per block); `stderr`: gets every process's stderr"""
     fake, loop = gpu_driver
     (tmp / "node").mkdir(exist_ok=True)
     procs = []
@@ -65,13 +69,21 @@ def run(gpu_driver: tuple[Path, Path], shim_path: Path, tmp: Path, containers: l
         env.update(LD_PRELOAD=str(shim_path), LD_LIBRARY_PATH=str(fake), FAKE_GPU=str(tmp / "gpu"),
                    FAKE_KERNEL_US="2000", VGPU_NODE_DIR=str(tmp / "node"), CUDA_DEVICE_SM_LIMIT=str(limit),
                    CUDA_DEVICE_MEMORY_SHARED_CACHE=str(tmp / f"c{c}.cache"), **{**extra, **(envs[c] if envs else {})})
-        procs += [(c, subprocess.Popen([str(loop), "2.0"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                       text=True)) for _ in range(n)]
+        procs += [(c, subprocess.Popen([str(loop), "2.0", *map(str, grid)], env=env, stdout=subprocess.PIPE,
+                                       stderr=subprocess.PIPE, text=True)) for _ in range(n)]
     shares = [0.0] * len(containers)
-    for c, p in procs:
-        out, err = p.communicate(timeout=60)
-        assert p.returncode == 0, err
-        shares[c] += float(out)
+    try:
+        for c, p in procs:
+            out, err = p.communicate(timeout=60)
+            assert p.returncode == 0, err
+            if stderr is not None:
+                stderr.append(err)
+            shares[c] += float(out)
+    finally:
+        for _, p in procs:  # none left behind when one fails
+            if p.poll() is None:
+                p.kill()
+                p.wait()
     return shares
 
 
@@ -101,3 +113,34 @@ def test_a_busy_high_priority_container_keeps_the_gpu(gpu_driver: tuple[Path, Pa
     high, low = run(gpu_driver, shim_path, tmp_path, [(0, 1), (0, 1)],
                     envs=[{"CUDA_TASK_PRIORITY": "0"}, {"CUDA_TASK_PRIORITY": "1"}])
     assert high >= 0.85 and low <= 0.15, (high, low)
+
+
+# the fake SM holds 2048 threads (fake_cuda.c): blocks of 1024 threads, two to an SM, 264 on its 132 SMs
+QUARTER, WHOLE = (66, 1024), (264, 1024)
+
+
+@pytest.mark.parametrize(("how", "grid", "limit", "band"), [
+    ("occupancy", QUARTER, 50, (0.90, 1.02)),  # a quarter of the SMs fits in 50 % of them: full speed
+    ("occupancy", QUARTER, 10, (0.36, 0.44)),  # 10 % of the SMs is 0.4 of the time of a quarter-grid kernel
+    ("occupancy", WHOLE, 50, (0.44, 0.56)),    # a kernel that fills the GPU: the same as a time share
+    ("time", QUARTER, 50, (0.44, 0.56)),       # the default, HAMi's meaning: time, whatever the grid
+    ("", QUARTER, 50, (0.44, 0.56)),
+])
+def test_an_occupancy_charge_makes_the_limit_a_share_of_the_sms(
+        gpu_driver: tuple[Path, Path], shim_path: Path, tmp_path: Path, how: str, grid: tuple[int, int],
+        limit: int, band: tuple[float, float]) -> None:
+    """VGPU_SM_CHARGE=occupancy: a kernel is charged its time times the share of the SMs its grid occupies
+    (issue 34: a decode step of 32 blocks on the H200 ran at 0.735 of bare at SM 50, MPS at 50 % at 0.95)."""
+    [share] = run(gpu_driver, shim_path, tmp_path, [(limit, 1)], grid=grid,
+                  **({"VGPU_SM_CHARGE": how} if how else {}))
+    assert band[0] <= share <= band[1], share
+
+
+def test_an_unknown_charge_is_the_time_charge_with_one_warning(gpu_driver: tuple[Path, Path], shim_path: Path,
+                                                              tmp_path: Path) -> None:
+    errs: list[str] = []
+    [share] = run(gpu_driver, shim_path, tmp_path, [(50, 1)], grid=QUARTER, stderr=errs, VGPU_SM_CHARGE="sms")
+    assert 0.44 <= share <= 0.56, share
+    [err] = errs
+    assert err.count("VGPU_SM_CHARGE=sms is neither time nor occupancy") == 1, err
+

@@ -5,7 +5,8 @@
  *   region_gpu loop SECONDS  compute-bound kernel loop (a dependent FMA chain in one full wave of
  *                            blocks, JIT-compiled from PTX): launches, sync every 8; prints kernels/s.
  *                            SPIN_ITERS sets the chain's length (1<<18: about 2.2 ms a kernel on an
- *                            H200); LOOP_START_AT (CLOCK_MONOTONIC seconds) makes processes started
+ *                            H200); SPIN_BLOCKS the grid (default 4 blocks of 256 threads an SM; it also
+ *                            prints per_sm, how many such blocks one SM holds); LOOP_START_AT (CLOCK_MONOTONIC seconds) makes processes started
  *                            together begin their timed loops at the same instant; LOOP_WINDOW=FROM,TO
  *                            adds window_kernels_per_s, the rate within that common window;
  *                            LOOP_TRACE=FILE writes each kernel's launch (CLOCK_MONOTONIC ns) and its
@@ -26,7 +27,8 @@
     if (!(p_##name = (__typeof__(&name))dlsym(lib, #name))) { printf("missing=%s\n", #name); return 2; }
 #define FUNCS(X) X(cuInit) X(cuDeviceGet) X(cuDevicePrimaryCtxRetain) X(cuCtxSetCurrent) X(cuMemAlloc_v2) \
     X(cuMemFree_v2) X(cuMemGetInfo_v2) X(cuModuleLoadData) X(cuModuleGetFunction) X(cuLaunchKernel) \
-    X(cuCtxSynchronize) X(cuDeviceGetAttribute) X(cuMemsetD8_v2) X(cuMemcpyDtoH_v2)
+    X(cuCtxSynchronize) X(cuDeviceGetAttribute) X(cuMemsetD8_v2) X(cuMemcpyDtoH_v2) \
+    X(cuOccupancyMaxActiveBlocksPerMultiprocessor)
 FUNCS(SYM)
 
 static const size_t MiB = 1 << 20;
@@ -119,7 +121,8 @@ static int do_loop(double seconds)
     CUfunction fn;
     CUdeviceptr out;
     unsigned iters = (unsigned)(getenv("SPIN_ITERS") ? atoi(getenv("SPIN_ITERS")) : 1 << 18);
-    int sms = 0, launched = 0, first_n = 0, last_n = 0;
+    int sms = 0, launched = 0, first_n = 0, last_n = 0, per_sm = 0;
+    unsigned blocks;
     void *args[3];
     const char *trace = getenv("LOOP_TRACE");
     CUdeviceptr rec = 0, recp = 0;
@@ -133,6 +136,9 @@ static int do_loop(double seconds)
         return 1;
     }
     p_cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, 0);
+    blocks = getenv("SPIN_BLOCKS") ? (unsigned)atoi(getenv("SPIN_BLOCKS")) : (unsigned)sms * 4;
+    if (p_cuOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, 256, 0) != CUDA_SUCCESS)
+        per_sm = 0;
     args[0] = &out;
     args[1] = &iters;
     if (trace && (p_cuModuleGetFunction(&fn, mod, "spin_t") || p_cuMemAlloc_v2(&rec, TRACE_MAX * 16ull) ||
@@ -145,7 +151,7 @@ static int do_loop(double seconds)
     recp = rec;
     args[2] = &recp;
     /* warm-up: JIT, clocks */
-    p_cuLaunchKernel(fn, (unsigned)sms * 4, 1, 1, 256, 1, 1, 0, 0, args, 0);
+    p_cuLaunchKernel(fn, blocks, 1, 1, 256, 1, 1, 0, 0, args, 0);
     p_cuCtxSynchronize();
     if (trace)
         p_cuMemsetD8_v2(rec, 0, (TRACE_MAX - 1) * 16ull); /* the warm-up's record out */
@@ -169,7 +175,7 @@ static int do_loop(double seconds)
             launch_at[launched] = ts.tv_sec * 1000000000ll + ts.tv_nsec;
             recp = rec + (CUdeviceptr)launched * 16u;
         }
-        if ((rc = p_cuLaunchKernel(fn, (unsigned)sms * 4, 1, 1, 256, 1, 1, 0, 0, args, 0)) != CUDA_SUCCESS) {
+        if ((rc = p_cuLaunchKernel(fn, blocks, 1, 1, 256, 1, 1, 0, 0, args, 0)) != CUDA_SUCCESS) {
             printf("launch_rc=%d\n", rc);
             return 1;
         }
@@ -184,7 +190,8 @@ static int do_loop(double seconds)
     }
     p_cuCtxSynchronize();
     t1 = now_s();
-    printf("sms=%d\nkernels=%d\nseconds=%.3f\nkernels_per_s=%.2f\n", sms, launched, t1 - t0, launched / (t1 - t0));
+    printf("sms=%d\nper_sm=%d\nblocks=%u\n", sms, per_sm, blocks);
+    printf("kernels=%d\nseconds=%.3f\nkernels_per_s=%.2f\n", launched, t1 - t0, launched / (t1 - t0));
     if (first_at >= 0 && last_at > first_at)
         printf("window_kernels_per_s=%.2f\n", (last_n - first_n) / (last_at - first_at));
     if (trace) { /* offset, then one line a kernel: launch (our clock), start, end (the GPU's timer) */

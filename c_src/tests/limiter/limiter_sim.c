@@ -311,7 +311,7 @@ int main(int argc, char **argv)
     for (i = 0; secs ? now_ns() < stop : i < n; i++) {
         in_before = 1;
         if (__builtin_expect(vgpu_limiter_enabled, 0)) /* exactly what the launch wrappers do */
-            vgpu_limiter_before_launch((CUstream)0, 0, 42);
+            vgpu_limiter_before_launch((CUstream)0, 0, 42, 0);
         in_before = 0;
         start = gpu_launch(k_ns); /* the launch */
         if (pending >= 0)
