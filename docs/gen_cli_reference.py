@@ -18,8 +18,8 @@ import click
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from vgpu_patch import errors
 from vgpu_patch.cli import COMMANDS, cli
+from vgpu_patch.report import errors
 
 OUT = ROOT / "docs" / "cli-reference.md"
 WIDTH = 100
@@ -67,7 +67,7 @@ def _exit_lines(epilog: str | None) -> str:
 
 
 def _global_codes() -> list[tuple[str, str]]:
-    """The contract in vgpu_patch/errors.py's docstring: `  <code>  <meaning>` lines (a meaning may go on
+    """The contract in vgpu_patch/report/errors.py's docstring: `  <code>  <meaning>` lines (a meaning may go on
     over further lines indented past its code)."""
     found = re.findall(r"^  (\d)  (.+(?:\n {5,}\S.*)*)$", errors.__doc__ or "", re.M)
     return [(code, " ".join(meaning.split())) for code, meaning in found]
@@ -103,7 +103,7 @@ def render() -> str:
         "",
         "## Exit codes",
         "",
-        "The contract every command follows (`vgpu_patch/errors.py`):",
+        "The contract every command follows (`vgpu_patch/report/errors.py`):",
         "",
         "| code | meaning |",
         "|---|---|",

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from vgpu_patch.cli import COMMANDS
-from vgpu_patch.errors import DeployError
+from vgpu_patch.report.errors import DeployError
 from vgpu_patch.transport.local import LocalTransport
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -148,8 +148,8 @@ def test_dash_v_before_and_after_add_up_and_never_outlive_their_run() -> None:
     next one in the same process."""
     from click.testing import CliRunner
 
-    from vgpu_patch import verbosity
     from vgpu_patch.cli import cli
+    from vgpu_patch.report import verbosity
 
     runner = CliRunner()
     for argv, level in ((["-v", "check", "-v", "/bin/true"], 2), (["check", "/bin/true"], 0),

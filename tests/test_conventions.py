@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from vgpu_patch.cli_options import use_color
+from vgpu_patch.commands.options import use_color
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -74,7 +74,7 @@ def test_version_says_the_commit_and_the_shim() -> None:
 
 def test_build_without_the_extra_names_the_command(tmp_path: Path) -> None:
     """The one-line error keeps the words .ci/run looks for, and the command runs pip from this checkout."""
-    from vgpu_patch.errors import BuildError
+    from vgpu_patch.report.errors import BuildError
     from vgpu_patch.shim_build.toolchain import resolve
 
     with pytest.raises(BuildError) as e:

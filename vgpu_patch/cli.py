@@ -1,7 +1,7 @@
 """The `vgpu-patch` command line: a thin Click layer over the library modules.
 
 Each subcommand lives in `vgpu_patch/commands/<name>.py` and exposes a click command named `cli`.
-This module only assembles them and maps the tool's errors to exit codes (see errors.py).
+This module only assembles them and maps the tool's errors to exit codes (see report/errors.py).
 """
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from typing import Callable, NoReturn
 
 import click
 
-from .cli_options import emit_json, error_document, json_emitted, verbose_option
-from .errors import EXIT_FAILED, VgpuPatchError
+from .commands.options import emit_json, error_document, json_emitted, verbose_option
+from .report.errors import EXIT_FAILED, VgpuPatchError
 
 COMMANDS = ["build", "check", "deploy", "status", "rollback", "region", "agent", "daemonset", "plugin-image",
             "restart-plan", "demo"]

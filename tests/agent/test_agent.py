@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from vgpu_patch.agent import Agent, AgentConfig
 from vgpu_patch.commands.agent import cli
-from vgpu_patch.errors import ElfError, IntegrityError
+from vgpu_patch.report.errors import ElfError, IntegrityError
 
 
 def args(image: Image, host: Host, *extra: str) -> list[str]:

@@ -14,7 +14,7 @@ from read_swapper import ReadSwapper, patterns
 from signing_keys import allowed_signers, make_key, sign
 
 from vgpu_patch.agent import Agent, AgentConfig
-from vgpu_patch.errors import VgpuPatchError
+from vgpu_patch.report.errors import VgpuPatchError
 
 
 @pytest.fixture(scope="module")

@@ -26,7 +26,7 @@ from agent_helpers import TIMEOUT, Host, Image, hami_copy_back, sha, wait_for
 from vgpu_patch.agent import Agent, AgentConfig
 from vgpu_patch.agent.httpd import BoundedServer
 from vgpu_patch.commands.agent import default_metrics_addr
-from vgpu_patch.errors import DeployError
+from vgpu_patch.report.errors import DeployError
 
 HOSTILE = b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Open: "  # one header that never ends
 REPO = Path(__file__).resolve().parents[2]

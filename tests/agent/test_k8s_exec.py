@@ -17,9 +17,9 @@ from click.testing import CliRunner
 from fake_kube import FakeKube
 
 from vgpu_patch.commands.restart_plan import cli as restart_plan
-from vgpu_patch.errors import UsageError
 from vgpu_patch.k8s import api
 from vgpu_patch.k8s.exec_credential import ExecCredentialError
+from vgpu_patch.report.errors import UsageError
 
 PLUGIN = '''#!{python}
 """A fake credential plugin: logs its argv, env and request; answers from the files beside it."""

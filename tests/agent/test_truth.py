@@ -21,7 +21,7 @@ from vgpu_patch.agent.metrics import health, render, serve
 from vgpu_patch.agent.status import AgentStatus
 from vgpu_patch.commands.agent import cli
 from vgpu_patch.commands.status import cli as status_cli
-from vgpu_patch.errors import DeployError
+from vgpu_patch.report.errors import DeployError
 
 
 def get(url: str) -> tuple[int, str]:

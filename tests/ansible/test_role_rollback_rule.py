@@ -14,7 +14,7 @@ from live_corpus import CASES, lay_out
 from node_fixtures import sha
 
 from vgpu_patch.deploy.swap import deploy_file, rollback
-from vgpu_patch.errors import VgpuPatchError
+from vgpu_patch.report.errors import VgpuPatchError
 from vgpu_patch.transport.local import LocalTransport
 
 DIR = "/usr/local/vgpu"

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from buildtree import FILES, have_gcc, needs_gcc
 
-from vgpu_patch.errors import BuildError, UsageError
+from vgpu_patch.report.errors import BuildError, UsageError
 from vgpu_patch.shim_build.build import build_shim
 from vgpu_patch.shim_build.headers import find_header_dirs
 from vgpu_patch.shim_build.toolchain import host_arch, host_glibc, version_tuple

@@ -15,7 +15,7 @@ from buildtree import FILES, needs_gcc, write_tree
 
 import vgpu_patch
 from vgpu_patch import __version__
-from vgpu_patch.errors import BuildError, UsageError
+from vgpu_patch.report.errors import BuildError, UsageError
 from vgpu_patch.shim_build.build import build_shim
 from vgpu_patch.shim_build.manifest import source_hash
 from vgpu_patch.shim_build.reproduce import reproduce

@@ -8,7 +8,7 @@ from elfcheck_fixtures import cli_runner
 
 from vgpu_patch.commands.check import cli
 from vgpu_patch.elf.check import check_file
-from vgpu_patch.errors import ElfError
+from vgpu_patch.report.errors import ElfError
 
 
 def _make(kind: str, built: dict[str, Path], tmp: Path, request: pytest.FixtureRequest) -> tuple[Path, list[str]]:

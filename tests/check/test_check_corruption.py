@@ -5,7 +5,7 @@ import random
 from pathlib import Path
 
 from vgpu_patch.elf.check import Report, check_file
-from vgpu_patch.errors import ElfError
+from vgpu_patch.report.errors import ElfError
 
 HEADERS = 0x40 + 56 * 10  # ELF header and the first program headers, where damage hurts most
 

@@ -12,7 +12,7 @@ from elfcheck_fixtures import cli_runner
 from vgpu_patch.commands.check import cli
 from vgpu_patch.elf.check import glibc_floor_of_libc
 from vgpu_patch.elf.glibc import parse_floor
-from vgpu_patch.errors import ElfError, UsageError
+from vgpu_patch.report.errors import ElfError, UsageError
 
 
 def host_libc() -> Path:

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from vgpu_patch.elf.check import check_file
-from vgpu_patch.errors import ElfError
+from vgpu_patch.report.errors import ElfError
 
 
 def flagged(report) -> dict[str, str]:

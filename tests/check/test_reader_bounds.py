@@ -16,7 +16,7 @@ from elftools.elf.elffile import ELFFile
 from vgpu_patch.deploy.candidate import inspect
 from vgpu_patch.elf.check import check_file, glibc_floor_of_libc
 from vgpu_patch.elf.facts import read_facts
-from vgpu_patch.errors import ElfError
+from vgpu_patch.report.errors import ElfError
 
 SHDR = struct.Struct("<IIQQQQIIQQ")
 FAST_S = 1.0  # "well under a second per MB": every crafted file here is under 1 MB, or refused unread

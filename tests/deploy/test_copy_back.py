@@ -11,7 +11,7 @@ from pathlib import Path
 
 from deploy_support import make_node
 
-from vgpu_patch.errors import EXIT_OK, EXIT_REPLACED
+from vgpu_patch.report.errors import EXIT_OK, EXIT_REPLACED
 
 REPO = Path(__file__).resolve().parents[2]
 

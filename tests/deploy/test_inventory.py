@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from vgpu_patch.deploy.inventory import load_inventory
-from vgpu_patch.errors import UsageError
+from vgpu_patch.report.errors import UsageError
 
 pytestmark = pytest.mark.skipif(shutil.which("ansible") is None, reason="ansible-core's CLI is not installed")
 

@@ -17,7 +17,7 @@ from deploy_support import assert_whole, make_node, sha
 
 from vgpu_patch.deploy.request import SwapHooks
 from vgpu_patch.deploy.swap import SwapResult, deploy_file, node_status, rollback
-from vgpu_patch.errors import VgpuPatchError
+from vgpu_patch.report.errors import VgpuPatchError
 from vgpu_patch.transport.local import LocalTransport
 
 DIR = "/usr/local/vgpu"

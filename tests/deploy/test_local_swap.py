@@ -13,7 +13,7 @@ from deploy_support import assert_whole, leftovers, make_node, sha
 
 from vgpu_patch.deploy.request import SwapHooks
 from vgpu_patch.deploy.swap import deploy_file, node_status, rollback
-from vgpu_patch.errors import DeployError, IntegrityError, LockedError
+from vgpu_patch.report.errors import DeployError, IntegrityError, LockedError
 from vgpu_patch.transport.local import LocalTransport
 
 DIR = "/usr/local/vgpu"
@@ -392,7 +392,7 @@ def test_glibc_too_new_for_the_node_is_refused(node, libs) -> None:
 def test_fleet_result_raises_one_error_carrying_every_node(tmp_path: Path, libs) -> None:
     from vgpu_patch.deploy.fleet import run_fleet
     from vgpu_patch.deploy.targets import HostSpec, make_transport
-    from vgpu_patch.errors import FleetError
+    from vgpu_patch.report.errors import FleetError
 
     specs = []
     for i in range(4):

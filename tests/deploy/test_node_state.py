@@ -12,7 +12,7 @@ from deploy_support import IS_ROOT, leftovers, make_node, sha
 
 from vgpu_patch.deploy.request import SwapHooks
 from vgpu_patch.deploy.swap import deploy_file, node_status, rollback
-from vgpu_patch.errors import DeployError
+from vgpu_patch.report.errors import DeployError
 from vgpu_patch.transport.local import LocalTransport, resolve_in_root
 
 DIR = "/usr/local/vgpu"
@@ -171,7 +171,7 @@ class _SftpLink(LocalTransport):
 
     def run(self, cmd: str, *, sudo: bool = False, warn: bool = False, timeout: float | None = None):  # type: ignore[no-untyped-def]
         if self.down:
-            from vgpu_patch.errors import ConnectionFailure
+            from vgpu_patch.report.errors import ConnectionFailure
 
             raise ConnectionFailure(f"{self.name}: connection lost")
         return super().run(cmd, sudo=sudo, warn=warn, timeout=timeout)

@@ -20,7 +20,7 @@ from sshd_harness import SSHD
 
 from vgpu_patch.cli import cli
 from vgpu_patch.deploy.targets import SSHSettings, make_transport, parse_host
-from vgpu_patch.errors import ConnectionFailure, HostKeyError
+from vgpu_patch.report.errors import ConnectionFailure, HostKeyError
 from vgpu_patch.transport.known_hosts import KnownHosts
 
 

@@ -14,7 +14,7 @@ from vgpu_patch.cli import cli
 from vgpu_patch.deploy.fleet import Policy, run_fleet, stop_requested
 from vgpu_patch.deploy.swap import deploy_file, rollback
 from vgpu_patch.deploy.targets import HostSpec
-from vgpu_patch.errors import DeployError, StopRequested, UsageError
+from vgpu_patch.report.errors import DeployError, StopRequested, UsageError
 from vgpu_patch.transport.local import LocalTransport
 
 DIR = "/usr/local/vgpu"

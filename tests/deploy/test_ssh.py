@@ -15,7 +15,7 @@ from sshd_harness import SSHD, known_hosts_file
 from vgpu_patch.cli import cli
 from vgpu_patch.deploy.swap import deploy_file, node_status, rollback
 from vgpu_patch.deploy.targets import make_transport, parse_host
-from vgpu_patch.errors import AuthFailure, ConnectionFailure, HostKeyError
+from vgpu_patch.report.errors import AuthFailure, ConnectionFailure, HostKeyError
 from vgpu_patch.transport.ssh import SSHTransport
 
 
@@ -247,7 +247,7 @@ def test_connection_killed_during_the_swap_script(fresh_sshd: SSHD, tmp_path: Pa
 
     from vgpu_patch.deploy import swap
     from vgpu_patch.deploy.request import SwapHooks
-    from vgpu_patch.errors import LockedError
+    from vgpu_patch.report.errors import LockedError
 
     d = lib_dir(tmp_path, libs["vendor"])
     marker = tmp_path / "in-lock"

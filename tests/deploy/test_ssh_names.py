@@ -9,7 +9,7 @@ import pytest
 from vgpu_patch.deploy.inventory import load_inventory
 from vgpu_patch.deploy.targets import HostSpec, SSHSettings, make_transport
 from vgpu_patch.deploy.targets import resolve as resolve_spec
-from vgpu_patch.errors import UsageError
+from vgpu_patch.report.errors import UsageError
 
 
 @pytest.fixture(params=["ssh -G", "no ssh client"])

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from vgpu_patch.errors import DeployError
+from vgpu_patch.report.errors import DeployError
 from vgpu_patch.transport.base import Stream
 
 

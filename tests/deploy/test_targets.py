@@ -9,7 +9,7 @@ import pytest
 
 from vgpu_patch.deploy.inventory import load_inventory
 from vgpu_patch.deploy.targets import parse_host
-from vgpu_patch.errors import UsageError
+from vgpu_patch.report.errors import UsageError
 
 INI = """
 # a typical GPU fleet

@@ -78,7 +78,7 @@ def test_show_rejects_bad_files_in_one_line(tmp_path: Path, kw: dict, content: b
         _vendor_file(p, **kw)
     else:
         p.write_bytes(content)
-    from vgpu_patch.errors import VgpuPatchError
+    from vgpu_patch.report.errors import VgpuPatchError
 
     with pytest.raises(VgpuPatchError) as ei:
         R.read_region(p)

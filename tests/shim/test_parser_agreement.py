@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vgpu_patch.errors import LimitParseError
+from vgpu_patch.report.errors import LimitParseError
 from vgpu_patch.shim.limits import parse_limit, parse_sm_limit
 
 C_SRC = Path(__file__).resolve().parents[2] / "c_src"

@@ -7,9 +7,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..deploy.candidate import Candidate, inspect
-from ..errors import ElfError, IntegrityError, UsageError
 from ..release import provenance
 from ..release.signing import Signature, verified
+from ..report.errors import ElfError, IntegrityError, UsageError
 
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Callable
 from ..deploy import facts as F
 from ..deploy.request import SwapRequest
 from ..deploy.swap import SwapResult, rollback, swap
-from ..errors import DeployError, IntegrityError, VgpuPatchError
+from ..report.errors import DeployError, IntegrityError, VgpuPatchError
 from ..transport.local import LocalTransport
 from .image import ImageLibrary, expected_sha256, verify_image
 from .policy import decide
@@ -166,7 +166,7 @@ class Agent:
     def _note_partial(self, live: F.LibFile) -> None:
         """Say so when the file being replaced is not a whole library; the swap then keeps no backup of it."""
         from ..elf.facts import image
-        from ..errors import ElfError
+        from ..report.errors import ElfError
 
         try:
             with image(Path(self.t.path(live.path)), "live library"):

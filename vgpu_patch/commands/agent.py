@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING
 
 import click
 
-from ..cli_options import allowed_signers_option, emit_json, json_option, verbose_option
-from ..errors import EXIT_FAILED
+from ..report.errors import EXIT_FAILED
+from .options import allowed_signers_option, emit_json, json_option, verbose_option
 
 if TYPE_CHECKING:
     from ..k8s.report import NodeReporter

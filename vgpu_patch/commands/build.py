@@ -7,10 +7,10 @@ from typing import Any
 
 import click
 
-from ..cli_options import emit_json, existing_path, json_option, verbose_option
-from ..errors import EXIT_FAILED, EXIT_INCOMPATIBLE
+from ..report.errors import EXIT_FAILED, EXIT_INCOMPATIBLE
 from ..shim_build.build import PROFILES, build_shim
 from ..shim_build.toolchain import ARCHES, DEFAULT_FLOOR, FLOORS
+from .options import emit_json, existing_path, json_option, verbose_option
 
 EPILOG = """\b
 Examples:

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import click
 
-from ..cli_options import emit_json, error_document, json_option, use_color, verbose_option
-from ..errors import UsageError, VgpuPatchError
+from ..report.errors import UsageError, VgpuPatchError
+from .options import emit_json, error_document, json_option, use_color, verbose_option
 
 EPILOG = """\b
 Examples:
@@ -51,8 +51,8 @@ def cli(ctx: click.Context, candidate: Path, vendor: Path | None, glibc: str, gl
     missing, hidden or extra, no data objects); symbol versions; the GLIBC_x.y floor and GLIBC_PRIVATE;
     the x86 ISA level. Prints one line per rule (pass/warn/fail/info), or one JSON document with --json.
     """
-    from ..cli_options import existing_path
     from ..elf.check import check_file, glibc_floor_of_libc, render_table  # keeps `--help` fast
+    from .options import existing_path
 
     try:
         for role, path in (("candidate", candidate), ("vendor", vendor), ("--glibc-from", glibc_from),

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import click
 
-from .. import verbosity
-from ..cli_options import emit_json, json_option, verbose_option
+from ..report import verbosity
+from .options import emit_json, json_option, verbose_option
 
 EPILOG = """\b
 Examples:
@@ -95,7 +95,6 @@ def cli(image: str | None, image_pull_policy: str, namespace: str, name: str,
     SYS_PTRACE, read-only root filesystem). The Helm chart charts/vgpu-patch-agent renders the same objects.
     With --json the manifests are printed as one JSON document (a v1 List when there are several).
     """
-    from ..errors import UsageError
     from ..k8s.daemonset import (
         AllowedSigners,
         DaemonSetOptions,
@@ -107,6 +106,7 @@ def cli(image: str | None, image_pull_policy: str, namespace: str, name: str,
         render_all,
         render_yaml,
     )
+    from ..report.errors import UsageError
 
     if write_chart is not None:
         write_chart.mkdir(parents=True, exist_ok=True)

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import click
 
-from ..cli_options import verbose_option
-from ..errors import EXIT_FAILED, EXIT_OK, VgpuPatchError
+from ..report.errors import EXIT_FAILED, EXIT_OK, VgpuPatchError
 from ..shim_build.standin import prepare_node
+from .options import verbose_option
 
 EPILOG = """\b
 Examples:
@@ -26,7 +26,7 @@ step's code.
 
 
 def _step(args: list[str]) -> int:
-    from .. import verbosity
+    from ..report import verbosity
 
     cli = click.get_current_context().find_root().command  # the `vgpu-patch` group running this demo
     if verbosity.level():  # each step is a run of its own: pass the demo's -v on, visibly

@@ -3,8 +3,18 @@ from __future__ import annotations
 
 import click
 
-from .. import verbosity
-from ..cli_options import (
+from ..deploy.candidate import inspect, verify_expected
+from ..deploy.cli_targets import default_operator, policy_from, progress, resolve_targets
+from ..deploy.fleet import run_fleet, stop_requested
+from ..deploy.render import plan_listing, swap_table
+from ..deploy.request import DEFAULT_TOOL, SwapRequest
+from ..deploy.swap import SwapResult, swap
+from ..deploy.targets import HostSpec
+from ..release import provenance
+from ..release.signing import verified
+from ..report import verbosity
+from ..transport.base import Transport
+from .options import (
     allowed_signers_option,
     dry_run_option,
     emit_json,
@@ -15,16 +25,6 @@ from ..cli_options import (
     target_options,
     verbose_option,
 )
-from ..deploy.candidate import inspect, verify_expected
-from ..deploy.cli_targets import default_operator, policy_from, progress, resolve_targets
-from ..deploy.fleet import run_fleet, stop_requested
-from ..deploy.render import plan_listing, swap_table
-from ..deploy.request import DEFAULT_TOOL, SwapRequest
-from ..deploy.swap import SwapResult, swap
-from ..deploy.targets import HostSpec
-from ..release import provenance
-from ..release.signing import verified
-from ..transport.base import Transport
 
 EPILOG = """\b
 Examples:

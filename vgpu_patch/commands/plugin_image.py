@@ -5,7 +5,7 @@ from pathlib import Path
 
 import click
 
-from ..cli_options import dry_run_option, emit_json, existing_path, json_option, verbose_option
+from .options import dry_run_option, emit_json, existing_path, json_option, verbose_option
 
 EPILOG = """\b
 Examples:

@@ -5,9 +5,9 @@ import datetime
 
 import click
 
-from .. import verbosity
-from ..cli_options import emit_json, json_option, verbose_option
+from ..report import verbosity
 from ..shim.region import Region, read_region
+from .options import emit_json, json_option, verbose_option
 
 
 def _mib(n: int) -> str:

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import click
 
-from ..cli_options import emit_json, json_option, verbose_option
-from ..errors import EXIT_FAILED, EXIT_OK, EXIT_PARTIAL
+from ..report.errors import EXIT_FAILED, EXIT_OK, EXIT_PARTIAL
+from .options import emit_json, json_option, verbose_option
 
 EPILOG = """\b
 Examples:

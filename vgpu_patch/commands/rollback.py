@@ -5,8 +5,16 @@ import re
 
 import click
 
-from .. import verbosity
-from ..cli_options import (
+from ..deploy.cli_targets import default_operator, policy_from, progress, resolve_targets
+from ..deploy.fleet import run_fleet, stop_requested
+from ..deploy.render import plan_listing, swap_table
+from ..deploy.request import DEFAULT_TOOL, SwapRequest
+from ..deploy.swap import SwapResult, swap
+from ..deploy.targets import HostSpec
+from ..report import verbosity
+from ..report.errors import UsageError
+from ..transport.base import Transport
+from .options import (
     dry_run_option,
     emit_json,
     fleet_options,
@@ -15,14 +23,6 @@ from ..cli_options import (
     target_options,
     verbose_option,
 )
-from ..deploy.cli_targets import default_operator, policy_from, progress, resolve_targets
-from ..deploy.fleet import run_fleet, stop_requested
-from ..deploy.render import plan_listing, swap_table
-from ..deploy.request import DEFAULT_TOOL, SwapRequest
-from ..deploy.swap import SwapResult, swap
-from ..deploy.targets import HostSpec
-from ..errors import UsageError
-from ..transport.base import Transport
 
 EPILOG = """\b
 Examples:

@@ -3,14 +3,14 @@ from __future__ import annotations
 
 import click
 
-from ..cli_options import emit_json, json_option, target_options, verbose_option
 from ..deploy.cli_targets import progress, resolve_targets
 from ..deploy.fleet import run_fleet
 from ..deploy.render import status_table
 from ..deploy.swap import NodeStatus, node_status
 from ..deploy.targets import HostSpec
-from ..errors import EXIT_OK, EXIT_REPLACED, DeployError
+from ..report.errors import EXIT_OK, EXIT_REPLACED, DeployError
 from ..transport.base import Transport
+from .options import emit_json, json_option, target_options, verbose_option
 
 EPILOG = """\b
 Examples:

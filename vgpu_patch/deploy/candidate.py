@@ -17,11 +17,11 @@ from typing import BinaryIO
 from ..elf.facts import image, read_facts
 from ..elf.glibc import requirements_of
 from ..elf.reader import MAX_BYTES
-from ..errors import ElfError
 from ..release.digest import sha256_file
 from ..release.provenance import MAX_BYTES as STATEMENT_MAX
 from ..release.provenance import statement_path
 from ..release.signing import signature_path
+from ..report.errors import ElfError
 
 __all__ = ["MACHINES", "OURS_RE", "Candidate", "inspect", "parse_glibc", "sha256_file", "snapshot",
            "verify_expected"]
@@ -174,7 +174,7 @@ def verify_expected(cand: Candidate, expect_sha256: str | None = None) -> None:
     """Refuse a FILE whose sha256 is not the one given, or not the one in its build manifest (FILE.json)."""
     import json
 
-    from ..errors import IntegrityError, UsageError
+    from ..report.errors import IntegrityError, UsageError
 
     if expect_sha256 is not None:
         want = expect_sha256.strip().lower()

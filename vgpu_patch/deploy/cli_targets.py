@@ -1,4 +1,4 @@
-"""What the shared target and policy options (cli_options.py) turn into: node specs, transports, a Policy."""
+"""What the shared target and policy options (commands/options.py) turn into: node specs, transports, a Policy."""
 from __future__ import annotations
 
 import getpass
@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 import click
 
-from ..errors import UsageError
+from ..report.errors import UsageError
 from ..transport.base import Transport
 from .fleet import NodeOutcome, Policy
 from .inventory import load_inventory

@@ -11,7 +11,7 @@ import threading
 from pathlib import Path
 from typing import Any, Callable
 
-from ..errors import DeployError, VgpuPatchError
+from ..report.errors import DeployError, VgpuPatchError
 from ..transport.base import Transport
 from .candidate import Candidate
 from .facts import LibFile

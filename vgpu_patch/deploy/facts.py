@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
 
-from ..errors import DeployError
+from ..report.errors import DeployError
 from ..transport.base import Transport
 from .candidate import parse_glibc
 

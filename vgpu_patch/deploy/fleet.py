@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable, Generic, TypeVar
 
-from ..errors import EXIT_FAILED, EXIT_OK, EXIT_PARTIAL, FleetError, StopRequested, UsageError, VgpuPatchError
+from ..report.errors import EXIT_FAILED, EXIT_OK, EXIT_PARTIAL, FleetError, StopRequested, UsageError, VgpuPatchError
 from ..transport.base import Transport
 from .targets import HostSpec
 

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..errors import UsageError
+from ..report.errors import UsageError
 from .targets import HostSpec
 
 TARGET_DIR_VAR = "vgpu_patch_target_dir"  # the library dir per host; the Ansible role reads the same variable

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from ..errors import DeployError
+from ..report.errors import DeployError
 from .candidate import Candidate
 from .facts import LIB, STATE, LibFile, NodeFacts
 from .request import SwapRequest

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from ..errors import DeployError, IntegrityError, LockedError, StopRequested, UsageError, VgpuPatchError
+from ..report.errors import DeployError, IntegrityError, LockedError, StopRequested, UsageError, VgpuPatchError
 from ..transport.base import Result, Transport, first_line
 from . import facts as F
 from . import script as S

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from ..errors import UsageError
+from ..report.errors import UsageError
 from ..transport.base import Transport
 from ..transport.sshconfig import SSHOptions, expand_proxy_command
 from ..transport.sshconfig import resolve as ssh_resolve

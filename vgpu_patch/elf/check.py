@@ -23,8 +23,8 @@ from __future__ import annotations
 from contextlib import nullcontext
 from pathlib import Path
 
-from .. import verbosity
-from ..errors import ElfError, UsageError
+from ..report import verbosity
+from ..report.errors import ElfError, UsageError
 from .facts import ElfFacts, read_facts
 from .glibc import glibc_floor_of_libc, glibc_requirements, parse_floor, requirements_of
 from .reference import reference_surface

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
-from ..errors import ElfError
+from ..report.errors import ElfError
 from . import reader as R
 
 # e_machine name -> the arch names the CLI speaks.

@@ -9,7 +9,7 @@ import os
 import re
 from pathlib import Path
 
-from ..errors import ElfError, UsageError
+from ..report.errors import ElfError, UsageError
 from .facts import ElfFacts, read_facts, version_defs
 
 _GLIBC_RE = re.compile(r"^GLIBC_(\d+(?:\.\d+)+)$")

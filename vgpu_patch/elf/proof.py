@@ -8,8 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import BuildError
 from ..release.install import extra_hint
+from ..report.errors import BuildError
 from . import facts as elf_facts
 from .glibc import release_of, requirements_of, version_key
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import click
 
-from ..errors import EXIT_INCOMPATIBLE, EXIT_OK
+from ..report.errors import EXIT_INCOMPATIBLE, EXIT_OK
 
 EXIT_WARNINGS = 8  # with --strict: some rule warned (ORed with EXIT_INCOMPATIBLE)
 STATUSES = ("pass", "warn", "fail", "info")

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .. import verbosity
-from ..errors import DeployError, UsageError
+from ..report import verbosity
+from ..report.errors import DeployError, UsageError
 from .exec_credential import ExecPlugin
 from .tls_files import private_file
 

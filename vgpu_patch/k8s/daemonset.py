@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from .. import __version__
-from ..errors import UsageError
+from ..report.errors import UsageError
 
 IMAGE_LIB_DIR = "/opt/vgpu-patch"
 HOST_ROOT = "/host"

@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .. import verbosity
-from ..errors import DeployError, UsageError
+from ..report import verbosity
+from ..report.errors import DeployError, UsageError
 from .tls_files import private_file
 
 API_VERSIONS = ("client.authentication.k8s.io/v1", "client.authentication.k8s.io/v1beta1")

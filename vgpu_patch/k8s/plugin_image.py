@@ -16,8 +16,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import verbosity
-from ..errors import UsageError, VgpuPatchError
+from ..report import verbosity
+from ..report.errors import UsageError, VgpuPatchError
 
 PLUGIN_LIB_DIR = "/k8s-vgpu/lib/nvidia"
 MANIFEST_NAME = "vgpu-patch-manifest.json"  # not a libvgpu.so* name: never a candidate for the live file

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import SignatureError, UsageError
+from ..report.errors import SignatureError, UsageError
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PREDICATE_TYPE = "https://slsa.dev/provenance/v1"
@@ -167,7 +167,7 @@ def main(argv: list[str]) -> int:
     role, which reads the candidate, its statement and their signatures once into a private directory (COPY is
     the library's copy there, SHOWN the file the operator named). Prints what the statement says as JSON
     (`null`: there is none) and exits 0, or prints `@@err <one line>` and exits 1."""
-    from ..errors import VgpuPatchError
+    from ..report.errors import VgpuPatchError
 
     if len(argv) != 4:
         print("@@err usage: python3 -m vgpu_patch.release.provenance COPY SHA256 ALLOWED_SIGNERS SHOWN")

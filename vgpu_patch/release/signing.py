@@ -13,7 +13,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import SignatureError, UsageError
+from ..report.errors import SignatureError, UsageError
 
 NAMESPACE = "vgpu-patch"
 SUFFIX = ".sig"

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from ..errors import LimitParseError
+from ..report.errors import LimitParseError
 
 UINT64_MAX = (1 << 64) - 1
 _SHIFT = {"k": 10, "m": 20, "g": 30, "t": 40}

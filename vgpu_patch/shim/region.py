@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import RegionError
+from ..report.errors import RegionError
 
 MAGIC = 19920718
 MAJOR = 1

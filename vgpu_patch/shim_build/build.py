@@ -24,12 +24,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .. import __version__, verbosity
+from .. import __version__
 from ..elf import proof
-from ..errors import BuildError, UsageError
 from ..release.digest import sha256_file
 from ..release.provenance import statement_path
 from ..release.signing import signature_path
+from ..report import verbosity
+from ..report.errors import BuildError, UsageError
 from . import headers, manifest, toolchain
 from .sources import HOOKS_DEF_PLACES, c_src_dir, find_hooks_def
 from .surface import exported_names

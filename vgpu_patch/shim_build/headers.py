@@ -12,7 +12,7 @@ import os
 import sys
 from pathlib import Path
 
-from ..errors import BuildError
+from ..report.errors import BuildError
 
 REQUIRED = ("cuda.h", "nvml.h")
 _WHEEL_SUBDIRS = ("cu13", "cu12")

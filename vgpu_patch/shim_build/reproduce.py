@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import BuildError, UsageError
 from ..release import provenance
+from ..report.errors import BuildError, UsageError
 from . import manifest as manifest_mod
 from . import toolchain
 from .build import PROFILES, build_shim

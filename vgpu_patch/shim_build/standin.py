@@ -11,7 +11,7 @@ import tempfile
 from pathlib import Path
 
 from ..elf.reference import reference_surface
-from ..errors import BuildError
+from ..report.errors import BuildError
 from . import toolchain
 
 VENDOR_DIR = "usr/local/vgpu"

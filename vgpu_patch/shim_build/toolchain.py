@@ -18,7 +18,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import BuildError, UsageError
+from ..report.errors import BuildError, UsageError
 
 # arch name -> (e_machine name, zig target cpu, aliases gcc's -dumpmachine may print)
 ARCHES: dict[str, tuple[str, str, tuple[str, ...]]] = {

@@ -14,8 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import verbosity
-from ..errors import AuthFailure, DeployError
+from ..report import verbosity
+from ..report.errors import AuthFailure, DeployError
 
 # -v/--debug: what runs on each node, and how long it took, on stderr (never on stdout: --json stays clean)
 log = logging.getLogger("vgpu_patch.node")

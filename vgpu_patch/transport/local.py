@@ -10,7 +10,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from ..errors import DeployError, UsageError
+from ..report.errors import DeployError, UsageError
 from .base import Result, Stream, Timed, Transport, describe, sudo_unwrap, sudo_wrap
 
 _MAX_LINKS = 40  # like the kernel's ELOOP limit

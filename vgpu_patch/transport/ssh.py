@@ -21,7 +21,7 @@ from pathlib import Path
 
 import paramiko
 
-from ..errors import AuthFailure, ConnectionFailure, DeployError, HostKeyError
+from ..report.errors import AuthFailure, ConnectionFailure, DeployError, HostKeyError
 from .base import SUDO_MARKER, SUDO_PROMPT, Result, Stream, Timed, Transport, describe, sudo_unwrap, sudo_wrap
 from .known_hosts import KnownHosts, lookup_name
 from .sshconfig import DEFAULT_GLOBAL_KNOWN_HOSTS

@@ -83,7 +83,7 @@ def with_options(*decorators: Callable) -> Callable:
 
 def existing_path(role: str, path: object) -> None:
     """A file named on the command line that does not exist is a usage error (exit 2), in every command."""
-    from .errors import UsageError
+    from ..report.errors import UsageError
 
     if path is not None and not os.path.lexists(str(path)):
         raise UsageError(f"{role} {path} does not exist; check the path")
@@ -142,7 +142,7 @@ _VERBOSE_KEY = "vgpu_patch.verbose"
 def _add_verbosity(ctx: click.Context, _param: click.Parameter, value: int) -> None:
     """`vgpu-patch -v CMD -v` is -vv: the group's count and the command's add up (ctx.meta is shared by the
     contexts of one run, and fresh in the next)."""
-    from . import verbosity
+    from ..report import verbosity
 
     if ctx.resilient_parsing:
         return
