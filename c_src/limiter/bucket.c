@@ -37,7 +37,7 @@ VGPU_HIDDEN long long vgpu_bucket_tokens(const vgpu_ledger_t *b)
 
 VGPU_HIDDEN void vgpu_bucket_charge(vgpu_ledger_t *b, long long ns)
 {
-    if (ns > 0)
+    if (ns) /* two's complement: subtracting a negative adds; the next refill clamps */
         __atomic_fetch_sub(&b->tokens, (uint64_t)ns, __ATOMIC_RELAXED);
 }
 

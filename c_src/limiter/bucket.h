@@ -11,6 +11,8 @@ VGPU_HIDDEN vgpu_ledger_t *vgpu_bucket_of(int dev);
 /* top the bucket up for the wall time since anyone last did, at pct% (capped at burst_ns);
  * returns the tokens now (negative: the container is in debt) */
 VGPU_HIDDEN long long vgpu_bucket_refill(vgpu_ledger_t *b, int dev, int pct, long long now, long long burst_ns);
+/* take ns of GPU time; ns < 0 gives back part of a charge taken ahead (a measured launch is charged its
+ * estimate when it is made, and settled once measured) */
 VGPU_HIDDEN void vgpu_bucket_charge(vgpu_ledger_t *b, long long ns);
 VGPU_HIDDEN long long vgpu_bucket_tokens(const vgpu_ledger_t *b);
 

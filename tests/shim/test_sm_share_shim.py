@@ -38,6 +38,40 @@ int main(int argc, char **argv)
 }
 """
 
+# decode-like steps: one kernel, then a synchronize; prints the steps' latencies' p50 and p99 (microseconds), how
+# many steps there were and the fraction of them over 1.3 x p50
+STEPS = r"""
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+#include <cuda.h>
+static double now(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec + t.tv_nsec / 1e9; }
+static int by_value(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+int main(int argc, char **argv)
+{
+    CUdevice dev; CUcontext ctx; CUdeviceptr p; double t0, t, a, secs, *lat = malloc(1 << 23); int n = 0, over;
+    if (argc < 2 || !(secs = atof(argv[1])) || !lat || cuInit(0) || cuDeviceGet(&dev, 0) ||
+        cuDevicePrimaryCtxRetain(&ctx, dev) || cuCtxSetCurrent(ctx) || cuMemAlloc(&p, 1 << 20))
+        return 3;
+    for (t0 = t = now(); t - t0 < secs && n < (1 << 20); n++) {
+        a = t;
+        if (cuLaunchKernel((CUfunction)1, 264, 1, 1, 1024, 1, 1, 0, 0, 0, 0) || cuStreamSynchronize(0))
+            return 4;
+        t = now();
+        lat[n] = (t - a) * 1e6;
+    }
+    qsort(lat, n, sizeof *lat, by_value);
+    for (over = 0; over < n && lat[n - 1 - over] > 1.3 * lat[n / 2]; over++)
+        ;
+    printf("%.1f %.1f %d %.4f\n", lat[n / 2], lat[(int)(n * 0.99)], n, (double)over / n);
+    return 0;
+}
+"""
+
 
 @pytest.fixture(scope="module")
 def gpu_driver(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
@@ -52,6 +86,9 @@ def gpu_driver(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
                              "-o", str(out / "libnvidia-ml.so.1"), "-lpthread"], check=True)
     (out / "loop.c").write_text(textwrap.dedent(LOOP))
     subprocess.run(["gcc", "-O1", f"-I{header_dir()}", str(out / "loop.c"), "-o", str(out / "loop"),
+                    f"-L{out}", "-l:libcuda.so.1"], check=True)
+    (out / "steps.c").write_text(textwrap.dedent(STEPS))
+    subprocess.run(["gcc", "-O1", f"-I{header_dir()}", str(out / "steps.c"), "-o", str(out / "steps"),
                     f"-L{out}", "-l:libcuda.so.1"], check=True)
     return out, out / "loop"
 
@@ -144,3 +181,28 @@ def test_an_unknown_charge_is_the_time_charge_with_one_warning(gpu_driver: tuple
     [err] = errs
     assert err.count("VGPU_SM_CHARGE=sms is neither time nor occupancy") == 1, err
 
+
+@pytest.mark.parametrize(("kernel_us", "limit"), [(500, 50), (50, 10)])
+def test_a_throttled_step_loop_is_paced_evenly(gpu_driver: tuple[Path, Path], shim_path: Path, tmp_path: Path,
+                                               kernel_us: int, limit: int) -> None:
+    """One kernel, then a synchronize, under an SM limit: each step should wait about as long as its share
+    asks, not run free and then wait for two (issue 34: on the H200 a 552 us step at SM 50 had p50 1094 us and
+    p99 1729 us, where MPS keeps p99 within 1 % of p50). Here, before the fix, p99 was 1.56 x p50 (500 us at 50)
+    and 1.76 x (50 us at 10: the simulated sync alone takes about 180 us a step); after it 1.07 and 1.16. The
+    test counts the steps over 1.3 x p50, which a step paid twice is and a scheduler's hiccup on a loaded
+    2-core machine now and then also is: fewer than 1.2 % (0.25-0.34 % now; 2.2 % and 3.4 % before, when one
+    measured launch in 32 ran free and the next paid for two).
+    bench/gpu_steps.py gives the GPU's p99 / p50."""
+    fake, _ = gpu_driver
+    (tmp_path / "node").mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CUDA_", "GPU_CORE", "VGPU_", "FAKE_"))}
+    env.update(LD_PRELOAD=str(shim_path), LD_LIBRARY_PATH=str(fake), FAKE_GPU=str(tmp_path / "gpu"),
+               FAKE_KERNEL_US=str(kernel_us), VGPU_NODE_DIR=str(tmp_path / "node"), CUDA_DEVICE_SM_LIMIT=str(limit),
+               CUDA_DEVICE_MEMORY_SHARED_CACHE=str(tmp_path / "c.cache"))
+    p = subprocess.run([str(fake / "steps"), "2.0"], env=env, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    p50, p99, n, over = (float(x) for x in p.stdout.split())
+    print(f"\nFIGURE steps of {kernel_us} us at SM {limit}: p50 {p50:.0f} us, p99 {p99:.0f} us, "
+          f"{over:.2%} over 1.3 x p50")
+    assert p50 >= 0.8 * kernel_us * 100 / limit, (p50, p99, n)  # throttled: its kernel's time over its share
+    assert over < 0.012, (p50, p99, n, over)

@@ -12,6 +12,9 @@
  *                            LOOP_TRACE=FILE writes each kernel's launch (CLOCK_MONOTONIC ns) and its
  *                            start and end on the GPU's %globaltimer (common to every context), with
  *                            the two clocks' offset, for bench/gpu_turns.py
+ *   region_gpu steps SECONDS decode-like steps: one kernel (SPIN_BLOCKS blocks of 256 threads, SPIN_ITERS),
+ *                            then cuStreamSynchronize; prints steps_per_s and each step's latency
+ *                            (launch to the sync's return): p50_us, p99_us, max_us (bench/gpu_steps.py)
  * Prints key=value lines. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -28,7 +31,7 @@
 #define FUNCS(X) X(cuInit) X(cuDeviceGet) X(cuDevicePrimaryCtxRetain) X(cuCtxSetCurrent) X(cuMemAlloc_v2) \
     X(cuMemFree_v2) X(cuMemGetInfo_v2) X(cuModuleLoadData) X(cuModuleGetFunction) X(cuLaunchKernel) \
     X(cuCtxSynchronize) X(cuDeviceGetAttribute) X(cuMemsetD8_v2) X(cuMemcpyDtoH_v2) \
-    X(cuOccupancyMaxActiveBlocksPerMultiprocessor)
+    X(cuOccupancyMaxActiveBlocksPerMultiprocessor) X(cuStreamSynchronize)
 FUNCS(SYM)
 
 static const size_t MiB = 1 << 20;
@@ -210,6 +213,53 @@ static int do_loop(double seconds)
     return 0;
 }
 
+static int by_value(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+#define STEPS_MAX 2000000
+
+static int do_steps(double seconds)
+{
+    CUmodule mod;
+    CUfunction fn;
+    CUdeviceptr out;
+    unsigned iters = (unsigned)(getenv("SPIN_ITERS") ? atoi(getenv("SPIN_ITERS")) : 1000), blocks;
+    int sms = 0, n = 0, i;
+    void *args[2];
+    double *lat = malloc(STEPS_MAX * sizeof *lat), t0, t, a;
+    CUresult rc;
+
+    if (!lat || (rc = p_cuModuleLoadData(&mod, PTX)) || (rc = p_cuModuleGetFunction(&fn, mod, "spin")) ||
+        (rc = p_cuMemAlloc_v2(&out, 1 << 20))) {
+        printf("setup=failed\n");
+        return 1;
+    }
+    p_cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, 0);
+    blocks = getenv("SPIN_BLOCKS") ? (unsigned)atoi(getenv("SPIN_BLOCKS")) : (unsigned)sms * 4;
+    args[0] = &out;
+    args[1] = &iters;
+    for (i = 0; i < 100; i++) { /* warm-up: JIT, clocks */
+        p_cuLaunchKernel(fn, blocks, 1, 1, 256, 1, 1, 0, 0, args, 0);
+        p_cuStreamSynchronize(0);
+    }
+    for (t0 = t = now_s(); t - t0 < seconds && n < STEPS_MAX; n++) {
+        a = t;
+        if ((rc = p_cuLaunchKernel(fn, blocks, 1, 1, 256, 1, 1, 0, 0, args, 0)) || (rc = p_cuStreamSynchronize(0))) {
+            printf("step_rc=%d\n", rc);
+            return 1;
+        }
+        t = now_s();
+        lat[n] = (t - a) * 1e6;
+    }
+    qsort(lat, (size_t)n, sizeof *lat, by_value);
+    printf("blocks=%u\nsteps=%d\nsteps_per_s=%.1f\n", blocks, n, n / (t - t0));
+    printf("p50_us=%.1f\np99_us=%.1f\nmax_us=%.1f\n", lat[n / 2], lat[(int)(n * 0.99)], lat[n - 1]);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     void *lib = dlopen("libcuda.so.1", RTLD_NOW);
@@ -229,5 +279,7 @@ int main(int argc, char **argv)
         return do_hold(atol(argv[2]));
     if (!strcmp(argv[1], "loop"))
         return do_loop(atof(argv[2]));
+    if (!strcmp(argv[1], "steps"))
+        return do_steps(atof(argv[2]));
     return 2;
 }
