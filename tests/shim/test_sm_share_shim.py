@@ -157,6 +157,7 @@ QUARTER, WHOLE = (66, 1024), (264, 1024)
 
 
 @pytest.mark.parametrize(("how", "grid", "limit", "band"), [
+    ("occupancy", (1, 1), 50, (0.90, 1.02)),   # a 1-block loop: next to nothing of the SMs
     ("occupancy", QUARTER, 50, (0.90, 1.02)),  # a quarter of the SMs fits in 50 % of them: full speed
     ("occupancy", QUARTER, 10, (0.36, 0.44)),  # 10 % of the SMs is 0.4 of the time of a quarter-grid kernel
     ("occupancy", WHOLE, 50, (0.44, 0.56)),    # a kernel that fills the GPU: the same as a time share
