@@ -22,9 +22,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests" / "gpu"))
 sys.path.insert(0, str(ROOT))
 
-from shares import mps_daemon
+from shares import build_region_gpu, mps_daemon
 
-from vgpu_patch.shim_build.build import build_shim, header_dir
+from vgpu_patch.shim_build.build import build_shim
 
 # (name, blocks of 256 threads (0: four an SM, every SM), SPIN_ITERS): about 9 us, 21 us and 550 us steps on an
 # H200 with 32 blocks, a quarter of its 132 SMs, and with every SM
@@ -56,9 +56,7 @@ def main() -> None:
     table = []
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
-        exe = tmp / "region_gpu"
-        subprocess.run([os.environ.get("CC", "gcc"), "-O2", f"-I{header_dir()}",
-                        str(ROOT / "c_src" / "tests" / "gpu" / "region_gpu.c"), "-o", str(exe), "-ldl"], check=True)
+        exe = build_region_gpu(tmp / "region_gpu")
         shim = build_shim(tmp / "shim", compiler="gcc", glibc=None).library
         node = tmp / "node"
         node.mkdir()

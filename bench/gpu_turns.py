@@ -15,10 +15,8 @@ timeline's figures, as medians with the 10th-90th percentiles."""
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -27,9 +25,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests" / "gpu"))
 sys.path.insert(0, str(ROOT))
 
-from shares import LONG_ITERS, SHORT_ITERS, Container, ShareRunner
+from shares import LONG_ITERS, SHORT_ITERS, Container, ShareRunner, build_region_gpu
 
-from vgpu_patch.shim_build.build import build_shim, header_dir
+from vgpu_patch.shim_build.build import build_shim
 
 C = Container
 ROWS: list[tuple[str, int, bool, list[Container]]] = [
@@ -109,9 +107,7 @@ def main() -> None:
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
-        exe = tmp / "region_gpu"
-        subprocess.run([os.environ.get("CC", "gcc"), "-O2", f"-I{header_dir()}",
-                        str(ROOT / "c_src" / "tests" / "gpu" / "region_gpu.c"), "-o", str(exe), "-ldl"], check=True)
+        exe = build_region_gpu(tmp / "region_gpu")
         shim = build_shim(tmp / "shim", compiler="gcc", glibc=None).library
         runner = ShareRunner(exe, shim, tmp, args.seconds)
         for name, iters, with_shim, cs in ROWS:

@@ -20,9 +20,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests" / "region"))
+sys.path.insert(0, str(ROOT / "tests" / "gpu"))
 sys.path.insert(0, str(ROOT))
 
 from regiontools import C_SRC, CFLAGS, LIMITER_SOURCES, REGION_SOURCES
+from shares import build_region_gpu
 
 from vgpu_patch.shim_build.build import build_shim, header_dir
 
@@ -54,9 +56,7 @@ def sim_rows(tmp: Path, kernel_us: int, count: int) -> None:
 
 
 def gpu_rows(tmp: Path, seconds: str) -> None:
-    exe = tmp / "region_gpu"
-    subprocess.run([os.environ.get("CC", "gcc"), "-O2", f"-I{header_dir()}",
-                    str(C_SRC / "tests" / "gpu" / "region_gpu.c"), "-o", str(exe), "-ldl"], check=True)
+    exe = build_region_gpu(tmp / "region_gpu")
     shim = build_shim(tmp / "shim", compiler="gcc", glibc=None).library
 
     def kps(preload: bool, **extra: str) -> float:

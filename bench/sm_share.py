@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -27,9 +25,9 @@ MATMUL_ROWS = {"one process, 50", "two containers 50 / 50", "two containers 30 /
 sys.path.insert(0, str(ROOT / "tests" / "gpu"))
 sys.path.insert(0, str(ROOT))
 
-from shares import LONG_ITERS, SHORT_ITERS, Container, ShareRunner, jain, mps_daemon
+from shares import LONG_ITERS, SHORT_ITERS, Container, ShareRunner, build_region_gpu, jain, mps_daemon
 
-from vgpu_patch.shim_build.build import build_shim, header_dir
+from vgpu_patch.shim_build.build import build_shim
 
 C = Container
 ROWS: list[tuple[str, list[Container]]] = [
@@ -102,9 +100,7 @@ def main() -> None:
     table = []
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
-        exe = tmp / "region_gpu"
-        subprocess.run([os.environ.get("CC", "gcc"), "-O2", f"-I{header_dir()}",
-                        str(ROOT / "c_src" / "tests" / "gpu" / "region_gpu.c"), "-o", str(exe), "-ldl"], check=True)
+        exe = build_region_gpu(tmp / "region_gpu")
         shim = build_shim(tmp / "shim", compiler="gcc", glibc=None).library
         if args.kernels == "matmul":  # a PyTorch process takes longer to have its context
             runner = ShareRunner(ROOT / "bench" / "matmul_loop.py", shim, tmp, args.seconds, lead=10.0)

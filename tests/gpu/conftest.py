@@ -75,13 +75,9 @@ def gpu(tmp_path_factory: pytest.TempPathFactory) -> Gpu:
 @pytest.fixture(scope="session")
 def region_gpu(gpu: Gpu) -> Path:
     """c_src/tests/gpu/region_gpu.c: holds or loops on the real driver for the region tests."""
-    from vgpu_patch.shim_build.build import header_dir
+    from .shares import build_region_gpu
 
-    out = gpu.tmp / "region_gpu"
-    cc = os.environ.get("CC", "gcc")
-    subprocess.run([cc, "-O2", "-Wall", f"-I{header_dir()}", str(HERE.parents[1] / "c_src" / "tests" / "gpu" /
-                                                                  "region_gpu.c"), "-o", str(out), "-ldl"], check=True)
-    return out
+    return build_region_gpu(gpu.tmp / "region_gpu")
 
 
 def kv(text: str) -> dict[str, str]:

@@ -13,6 +13,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 LONG_ITERS, SHORT_ITERS = 1 << 18, 3000  # about 2.2 ms and 29 us a kernel on an H200
+REGION_GPU_C = Path(__file__).resolve().parents[2] / "c_src" / "tests" / "gpu" / "region_gpu.c"
+
+
+def build_region_gpu(out: Path) -> Path:
+    """c_src/tests/gpu/region_gpu.c compiled to `out` (CC or gcc): the program every GPU share test and bench runs"""
+    from vgpu_patch.shim_build.build import header_dir
+
+    subprocess.run([os.environ.get("CC", "gcc"), "-O2", "-Wall", f"-I{header_dir()}", str(REGION_GPU_C), "-o", str(out),
+                    "-ldl"], check=True)
+    return out
 
 
 @dataclass
