@@ -35,8 +35,9 @@
  *    (a late 50 got 0.27 beside a forger rewriting the board every millisecond). Without a
  *    mapping (yet), the interval is from its launch (or E before a harvest last found it still
  *    running) to its harvest.
- *    Unmeasured launches are charged a running estimate of one launch's charge per kind (kernel,
- *    graph), with no driver call at all; alone on the GPU a measured one is charged it too when it is
+ *    Unmeasured launches are charged a running estimate of one launch's charge: their kernel shape's own
+ *    (a lock-free table by shape; a shape not in it yet is measured while the ring has room, else charged
+ *    the estimate over every kernel) or, for graphs, the graphs', with no driver call at all; alone on the GPU a measured one is charged it too when it is
  *    made, and the difference to its measured charge at its harvest, so its step pays as the others do.
  *    With VGPU_SM_CHARGE=occupancy every charge of a kernel launch, measured or estimated, is then
  *    scaled by the share of the device's SMs its grid can occupy (occupancy.c; graphs in full): the
@@ -54,7 +55,11 @@
  *    waits: the least wait is one turn, the rest is the other's work). Processes of one container
  *    are not charged their turns to each other (the board's tag): their limit is shared anyway.
  * 3. Budget. One token bucket per container and device (bucket.c, in the region: every process of
- *    the container draws from it) fills at pct% of wall time, capped at BURST_NS.
+ *    the container draws from it) fills at pct% of wall time, capped at BURST_NS while we keep work
+ *    queued. A process that finds its queue drained for HOLD_NS (idle, or just started) caps it lower, at
+ *    what running flat out for HOLD_NS takes beyond its share: the limit takes hold within HOLD_NS of
+ *    the work's start (a full bucket let a loop at SM 50 run unthrottled for 40 ms; the cap was 20 ms of
+ *    GPU time whatever the share).
  * 4. Throttle. In debt, the launching thread sleeps until the bucket is back at zero (give or take
  *    a twentieth, so that a container's processes do not wake in lockstep), holding its process's
  *    launch lock so that its other launching threads wait too. The ring of RING event pairs bounds
@@ -116,6 +121,8 @@
 #define SAMPLE_SHARED 4          /* ... while other contexts are busy: S is found sooner */
 #define HARVEST_NS 2000000ll     /* 2 ms between harvests */
 #define BURST_NS 20000000ll      /* at most 20 ms of GPU time banked */
+#define HOLD_NS 10000000ll       /* after idle, a limit takes hold within this much wall time */
+#define MIN_BURST_NS 200000ll
 #define MAX_SLEEP_NS 500000000ll /* one sleep never exceeds 0.5 s (the debt carries over) */
 #define MAX_HOLD_NS 30000000000ll
 #define RECENT_KERNEL_MARK 2 /* "launched recently", for the monitor */
@@ -174,6 +181,10 @@ struct dev_state {
         long long least; /* the least E seen */
         long long alone; /* the least E measured alone, -1 never */
     } solo[SOLO]; /* per launch shape (mu) */
+    struct {
+        uint64_t sig; /* atomic: 0 while est is rewritten for another shape */
+        long long est; /* atomic: one launch's charge, this shape's own */
+    } shape[SOLO]; /* per launch shape, written under mu, read lock-free on the fast path */
     int census;           /* other processes on the device, NVML says (mu); -1 unknown */
     long long census_at;  /* when it was asked */
     long long batch_t0;   /* atomic: when the launch that found our queue drained was made; 0 none */
@@ -446,6 +457,36 @@ static unsigned solo_slot(uint64_t sig)
     return (unsigned)(sig >> 40) & (SOLO - 1);
 }
 
+/* this kernel shape's own running estimate of one launch's charge; -1 none (never measured, or its slot
+ * has another shape's now). Lock-free: the slot's sig is read before and after its est */
+static long long shape_est(struct dev_state *st, uint64_t sig)
+{
+    unsigned i = solo_slot(sig);
+    long long est;
+
+    if (!sig || __atomic_load_n(&st->shape[i].sig, __ATOMIC_ACQUIRE) != sig)
+        return -1;
+    est = __atomic_load_n(&st->shape[i].est, __ATOMIC_ACQUIRE);
+    return __atomic_load_n(&st->shape[i].sig, __ATOMIC_ACQUIRE) == sig ? est : -1;
+}
+
+/* mu held: a measured launch of shape sig was charged ns */
+static void shape_learn(struct dev_state *st, uint64_t sig, long long ns)
+{
+    unsigned i = solo_slot(sig);
+    long long est = __atomic_load_n(&st->shape[i].est, __ATOMIC_RELAXED);
+
+    if (!sig)
+        return;
+    if (__atomic_load_n(&st->shape[i].sig, __ATOMIC_RELAXED) == sig) {
+        __atomic_store_n(&st->shape[i].est, est + (ns - est) / 4, __ATOMIC_RELEASE);
+        return;
+    }
+    __atomic_store_n(&st->shape[i].sig, 0, __ATOMIC_RELEASE); /* readers miss while the slot changes hands */
+    __atomic_store_n(&st->shape[i].est, ns, __ATOMIC_RELEASE);
+    __atomic_store_n(&st->shape[i].sig, sig, __ATOMIC_RELEASE);
+}
+
 /* mu held: our own share of a measured launch that held its stream for e ns (see the top), others
  * busy beside it k_milli / 1000 - 1 on average (0: nobody at any time) */
 static long long own_share(struct dev_state *st, const struct pair *p, long long e, long long k_milli, int sure)
@@ -581,6 +622,8 @@ static void harvest(struct dev_state *st, vgpu_ledger_t *b, int dev)
         charge(st, b, scaled(ns, p->ppm) - p->pre); /* a refund when the estimate charged ahead was more */
         est = __atomic_load_n(&st->est_ns[p->graph], __ATOMIC_RELAXED);
         __atomic_store_n(&st->est_ns[p->graph], est < 0 ? ns : est + (ns - est) / 4, __ATOMIC_RELAXED);
+        if (!p->graph)
+            shape_learn(st, p->sig, ns);
         p->done = 0;
         st->tail++;
     }
@@ -612,12 +655,23 @@ static unsigned next_rand(void)
     return rng = x ? x : 1;
 }
 
+/* the most the bucket may hold now: BURST_NS while our work is queued; after our queue has been drained
+ * for HOLD_NS, what running flat out for HOLD_NS spends beyond pct% */
+static long long burst_now(struct dev_state *st, int pct, long long now)
+{
+    long long onset = HOLD_NS * (100 - pct) / 100;
+
+    if (now - __atomic_load_n(&st->queue_end, __ATOMIC_RELAXED) < HOLD_NS)
+        return BURST_NS;
+    return onset < MIN_BURST_NS ? MIN_BURST_NS : onset;
+}
+
 /* mu held: bring the bucket up to date; returns how long to sleep to pay the debt (0: none) */
 static long long account(struct dev_state *st, vgpu_ledger_t *b, int dev, int pct)
 {
     long long now = now_ns(), debt, tokens;
 
-    vgpu_bucket_refill(b, dev, pct, now, BURST_NS);
+    vgpu_bucket_refill(b, dev, pct, now, burst_now(st, pct, now));
     harvest(st, b, dev);
     report_util(st, dev, now);
     __atomic_store_n(&st->next_harvest_ns, now + HARVEST_NS, __ATOMIC_RELAXED);
@@ -736,6 +790,15 @@ static void throttle(CUstream stream, int dev, int pct, int graph, uint64_t sig,
     others_busy = __atomic_load_n(&st->others, __ATOMIC_RELAXED) != 0;
     rate = others_busy ? SAMPLE_SHARED : SAMPLE;
     measure = est < 0 || !st->ready || (next_rand() & (rate - 1)) == 0;
+    if (!graph && est >= 0) {
+        long long own = shape_est(st, sig);
+        if (own >= 0)
+            est = own;
+        else if (__atomic_load_n(&st->head, __ATOMIC_RELAXED) - __atomic_load_n(&st->tail, __ATOMIC_RELAXED) <
+                 RING / 2)
+            measure = 1; /* a shape not measured yet: measured now (while the ring has room), not charged
+                          * what another shape's launches cost (decode steps after prefill paid 9 x bare at 50) */
+    }
     if (charge_kind == VGPU_CHARGE_OCCUPANCY && !graph)
         ppm = vgpu_occupancy_ppm(&ops, dev, sig, grid);
     if (!measure) {

@@ -1778,7 +1778,7 @@ EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDe
 
 /* With fake_events.c linked in and FAKE_GPU set, kernels take time on a GPU the processes share
  * (sim_gpu.h); otherwise they take none. Weak: the plain fake driver has no such GPU. */
-void fake_gpu_launch(void) __attribute__((weak));
+void fake_gpu_launch(unsigned long long blocks) __attribute__((weak));
 void fake_gpu_drain(void) __attribute__((weak));
 
 /* synchronizing trims the device's pools to their release thresholds, as the real driver does */
@@ -1934,6 +1934,15 @@ EXPORT CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t n)
     return CUDA_SUCCESS;
 }
 
+/* device memory holds nothing here: a read gives zeros (region_gpu.c's trace and clock stamps) */
+EXPORT CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t n)
+{
+    if (!dst || !src)
+        return CUDA_ERROR_INVALID_VALUE;
+    memset(dst, 0, n);
+    return CUDA_SUCCESS;
+}
+
 /* A PASS entry point with six integer arguments: the tests check every one of them survives the
  * trampoline's slow path (first call, before the slot is filled). */
 static unsigned long long last_args[6];
@@ -1980,7 +1989,7 @@ EXPORT CUresult cuLaunchKernel(KPARAMS, void **params, void **extra)
     UNUSED_K, (void)params, (void)extra;
     COUNT(cuLaunchKernel);
     if (fake_gpu_launch)
-        fake_gpu_launch();
+        fake_gpu_launch((unsigned long long)gx * gy * gz);
     return CUDA_SUCCESS;
 }
 
@@ -1989,7 +1998,7 @@ EXPORT CUresult cuLaunchKernel_ptsz(KPARAMS, void **params, void **extra)
     UNUSED_K, (void)params, (void)extra;
     COUNT(cuLaunchKernel_ptsz);
     if (fake_gpu_launch)
-        fake_gpu_launch();
+        fake_gpu_launch((unsigned long long)gx * gy * gz);
     return CUDA_SUCCESS;
 }
 

@@ -53,6 +53,8 @@ struct CUevent_st {
 };
 
 static long long kernel_ns = 1000000;
+static long long kernel_blocks; /* FAKE_KERNEL_BLOCKS: a kernel of this many blocks takes kernel_ns, others in
+                                 * proportion (at least 1 us); 0: every kernel takes kernel_ns */
 static pthread_once_t gpu_once = PTHREAD_ONCE_INIT;
 static int next_slot;
 
@@ -61,6 +63,8 @@ static void gpu_init(void)
     const char *path = getenv("FAKE_GPU"), *us = getenv("FAKE_KERNEL_US");
     if (us)
         kernel_ns = atoll(us) * 1000;
+    if (getenv("FAKE_KERNEL_BLOCKS"))
+        kernel_blocks = atoll(getenv("FAKE_KERNEL_BLOCKS"));
     if (path && *path)
         gpu_open(path, 0);
 }
@@ -71,14 +75,20 @@ static int gpu_on(void)
     return shared != 0;
 }
 
-EXPORT void fake_gpu_launch(void)
+EXPORT void fake_gpu_launch(unsigned long long blocks)
 {
+    long long ns = kernel_ns;
+
     if (!gpu_on())
         return;
+    if (kernel_blocks > 0) {
+        ns = (long long)((double)kernel_ns * (double)blocks / (double)kernel_blocks);
+        ns = ns < 1000 ? 1000 : ns;
+    }
     lock();
     advance(now_ns());
-    me->queued += kernel_ns;
-    me->submitted += kernel_ns;
+    me->queued += ns;
+    me->submitted += ns;
     unlock();
 }
 

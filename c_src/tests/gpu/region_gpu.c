@@ -15,6 +15,15 @@
  *   region_gpu steps SECONDS decode-like steps: one kernel (SPIN_BLOCKS blocks of 256 threads, SPIN_ITERS),
  *                            then cuStreamSynchronize; prints steps_per_s and each step's latency
  *                            (launch to the sync's return): p50_us, p99_us, max_us (bench/gpu_steps.py)
+ *   region_gpu cold STEPS    a decode step loop from a cold start, as GPU-Virt-Bench's LLM-004 runs it: no
+ *                            warm-up, each step a 32-block kernel and a 1-block kernel on a created stream,
+ *                            then that stream's sync; prints cold_p50_us, cold_p90_us, cold_max_us and the
+ *                            first ten steps (cold_first_us). COLD_PREFILL=N first runs N every-SM kernels
+ *                            of 65000 iterations (about 550 us each), a sync after each: decode after prefill
+ *   region_gpu onset SECONDS how soon a limit takes hold after idle: 200 ms idle, then steps of one
+ *                            every-SM kernel (SPIN_ITERS, default about 100 us) and a sync; prints hold_ms,
+ *                            when the first step slower than 1.5 x the first five's median ended (-1: none),
+ *                            and each 10 ms bucket's busy fraction over the first 100 ms (busy_10ms)
  * Prints key=value lines. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -31,7 +40,7 @@
 #define FUNCS(X) X(cuInit) X(cuDeviceGet) X(cuDevicePrimaryCtxRetain) X(cuCtxSetCurrent) X(cuMemAlloc_v2) \
     X(cuMemFree_v2) X(cuMemGetInfo_v2) X(cuModuleLoadData) X(cuModuleGetFunction) X(cuLaunchKernel) \
     X(cuCtxSynchronize) X(cuDeviceGetAttribute) X(cuMemsetD8_v2) X(cuMemcpyDtoH_v2) \
-    X(cuOccupancyMaxActiveBlocksPerMultiprocessor) X(cuStreamSynchronize)
+    X(cuOccupancyMaxActiveBlocksPerMultiprocessor) X(cuStreamSynchronize) X(cuStreamCreate)
 FUNCS(SYM)
 
 static const size_t MiB = 1 << 20;
@@ -260,6 +269,107 @@ static int do_steps(double seconds)
     return 0;
 }
 
+static int do_cold(int steps)
+{
+    CUmodule mod;
+    CUfunction fn;
+    CUdeviceptr out;
+    CUstream s;
+    unsigned iters = (unsigned)(getenv("SPIN_ITERS") ? atoi(getenv("SPIN_ITERS")) : 64);
+    void *args[2] = {&out, &iters};
+    double lat[1000], sorted[1000], a;
+    int n, i;
+    CUresult rc;
+
+    if (steps < 1 || steps > 1000 || (rc = p_cuModuleLoadData(&mod, PTX)) ||
+        (rc = p_cuModuleGetFunction(&fn, mod, "spin")) || (rc = p_cuMemAlloc_v2(&out, 1 << 20)) ||
+        (rc = p_cuStreamCreate(&s, 0))) {
+        printf("setup=failed\n");
+        return 1;
+    }
+    if (getenv("COLD_PREFILL")) {
+        unsigned long_iters = 65000;
+        void *long_args[2] = {&out, &long_iters};
+        int sms = 0, k = atoi(getenv("COLD_PREFILL"));
+        p_cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, 0);
+        for (i = 0; i < k; i++)
+            if ((rc = p_cuLaunchKernel(fn, (unsigned)sms * 4, 1, 1, 256, 1, 1, 0, s, long_args, 0)) ||
+                (rc = p_cuStreamSynchronize(s))) {
+                printf("prefill_rc=%d\n", rc);
+                return 1;
+            }
+    }
+    for (n = 0; n < steps; n++) {
+        a = now_s();
+        if ((rc = p_cuLaunchKernel(fn, 32, 1, 1, 256, 1, 1, 0, s, args, 0)) ||
+            (rc = p_cuLaunchKernel(fn, 1, 1, 1, 256, 1, 1, 0, s, args, 0)) || (rc = p_cuStreamSynchronize(s))) {
+            printf("step_rc=%d\n", rc);
+            return 1;
+        }
+        lat[n] = sorted[n] = (now_s() - a) * 1e6;
+    }
+    qsort(sorted, (size_t)n, sizeof *sorted, by_value);
+    printf("steps=%d\ncold_p50_us=%.1f\ncold_p90_us=%.1f\ncold_max_us=%.1f\ncold_first_us=", n, sorted[n / 2],
+           sorted[n * 9 / 10], sorted[n - 1]);
+    for (i = 0; i < n && i < 10; i++)
+        printf("%s%.1f", i ? "," : "", lat[i]);
+    printf("\n");
+    return 0;
+}
+
+static int do_onset(double seconds)
+{
+    CUmodule mod;
+    CUfunction fn;
+    CUdeviceptr out;
+    unsigned iters = (unsigned)(getenv("SPIN_ITERS") ? atoi(getenv("SPIN_ITERS")) : 12000), blocks;
+    int sms = 0, n = 0, i, hold = -1;
+    void *args[2] = {&out, &iters};
+    double *lat = malloc(STEPS_MAX * sizeof *lat), *end = malloc(STEPS_MAX * sizeof *end), first[5], t0, t, a;
+    double busy[10] = {0};
+    struct timespec idle = {0, 200000000};
+    CUresult rc;
+
+    if (!lat || !end || (rc = p_cuModuleLoadData(&mod, PTX)) || (rc = p_cuModuleGetFunction(&fn, mod, "spin")) ||
+        (rc = p_cuMemAlloc_v2(&out, 1 << 20))) {
+        printf("setup=failed\n");
+        return 1;
+    }
+    p_cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, 0);
+    blocks = (unsigned)sms * 4;
+    p_cuLaunchKernel(fn, blocks, 1, 1, 256, 1, 1, 0, 0, args, 0); /* JIT */
+    p_cuStreamSynchronize(0);
+    nanosleep(&idle, 0); /* idle: the budget refills */
+    for (t0 = t = now_s(); t - t0 < seconds && n < STEPS_MAX; n++) {
+        a = t;
+        if ((rc = p_cuLaunchKernel(fn, blocks, 1, 1, 256, 1, 1, 0, 0, args, 0)) || (rc = p_cuStreamSynchronize(0))) {
+            printf("step_rc=%d\n", rc);
+            return 1;
+        }
+        t = now_s();
+        lat[n] = t - a;
+        end[n] = t - t0;
+    }
+    if (n < 10) {
+        printf("steps=%d\n", n);
+        return 1;
+    }
+    memcpy(first, lat, sizeof first);
+    qsort(first, 5, sizeof *first, by_value);
+    for (i = 5; i < n && hold < 0; i++)
+        if (lat[i] > 1.5 * first[2])
+            hold = i;
+    /* the GPU time of a step is the first five's median: a 10 ms bucket's busy share is that over its wall */
+    for (i = 0; i < n; i++)
+        if (end[i] < 0.1)
+            busy[(int)(end[i] * 100)] += first[2] / 0.01;
+    printf("steps=%d\nstep_us=%.1f\nhold_ms=%.1f\nbusy_10ms=", n, first[2] * 1e6, hold < 0 ? -1.0 : end[hold] * 1e3);
+    for (i = 0; i < 10; i++)
+        printf("%s%.2f", i ? "," : "", busy[i]);
+    printf("\n");
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     void *lib = dlopen("libcuda.so.1", RTLD_NOW);
@@ -281,5 +391,9 @@ int main(int argc, char **argv)
         return do_loop(atof(argv[2]));
     if (!strcmp(argv[1], "steps"))
         return do_steps(atof(argv[2]));
+    if (!strcmp(argv[1], "cold"))
+        return do_cold(atoi(argv[2]));
+    if (!strcmp(argv[1], "onset"))
+        return do_onset(atof(argv[2]));
     return 2;
 }
