@@ -82,6 +82,13 @@
  * region's and this process's env, so a process that lost the container's environment still
  * holds the region's limit.
  *
+ * Elastic (VGPU_SM_ELASTIC=1, per container, off by default): while the board shows no other container busy,
+ * a limited container's debt is forgiven at each look (every launch that finds it in debt, at least every
+ * HARVEST_NS), so it may use GPU time nobody else wants; its queue is kept within ELASTIC_AHEAD_NS of now.
+ * Once another container is busy, the bucket starts from zero and the limit holds at its next launch. A
+ * neighbour that forges busy entries only takes the elastic container back to its limit; one without a board
+ * (or the shim) is not seen, as for every limited container.
+ *
  * Priority (HAMi's CUDA_TASK_PRIORITY, kept in the region: 0 high, else low), without the monitor: a
  * high-priority container's tag on the board carries VGPU_BOARD_HIGH; while the board shows one busy, a
  * low-priority process's percent in force is YIELD_PCT (or its own limit, if lower), and it sleeps off its
@@ -144,6 +151,7 @@
 #define DOUBT_NS 2000000000ll     /* a claim found false is not believed for this long, doubled each time */
 #define MAX_DOUBT_NS 32000000000ll
 #define YIELD_STEP_NS 10000000ll  /* a yielding process sleeps off its debt in steps this long */
+#define ELASTIC_AHEAD_NS 2000000ll /* elastic and over the limit: at most this much work queued ahead */
 #define SLACK_NS 1000             /* a throttle's sleep overshoots by at most about this (timer slack) */
 
 VGPU_HIDDEN int vgpu_limiter_enabled = 0;
@@ -203,6 +211,7 @@ struct dev_state {
 static struct dev_state dev_state[VGPU_MAX_DEVICES];
 static int env_any; /* some env SM limit */
 static int policy;
+static int elastic; /* VGPU_SM_ELASTIC=1: over the limit while no other container is busy (see the top) */
 static int charge_kind;       /* VGPU_CHARGE_TIME or _OCCUPANCY (VGPU_SM_CHARGE) */
 static const char *bad_charge; /* a VGPU_SM_CHARGE we did not understand, warned about once */
 static vgpu_limiter_ops_t ops;
@@ -241,6 +250,8 @@ VGPU_HIDDEN void vgpu_limiter_load_env(void)
         policy = VGPU_POLICY_FORCE;
     else if (pol && !strcasecmp(pol, "disable"))
         policy = VGPU_POLICY_DISABLE;
+    elastic = getenv("VGPU_SM_ELASTIC") && (!strcmp(getenv("VGPU_SM_ELASTIC"), "1") ||
+                                            !strcasecmp(getenv("VGPU_SM_ELASTIC"), "true"));
     charge_kind = VGPU_CHARGE_TIME;
     bad_charge = 0;
     if (how && !strcasecmp(how, "occupancy"))
@@ -676,6 +687,15 @@ static long long account(struct dev_state *st, vgpu_ledger_t *b, int dev, int pc
     report_util(st, dev, now);
     __atomic_store_n(&st->next_harvest_ns, now + HARVEST_NS, __ATOMIC_RELAXED);
     tokens = vgpu_bucket_tokens(b);
+    if (elastic && vgpu_board_state(dev) > 0 && !vgpu_board_foreign(dev)) {
+        /* elastic, and no other container busy (harvest just looked): the debt is forgiven, so the limit holds
+         * again from the moment another one is; our queue is kept within ELASTIC_AHEAD_NS of now, so the GPU
+         * is theirs that soon after their first launch */
+        long long ahead = __atomic_load_n(&st->queue_end, __ATOMIC_RELAXED) - now - ELASTIC_AHEAD_NS;
+        if (tokens < 0)
+            vgpu_bucket_charge(b, tokens);
+        return ahead > 0 ? ahead : 0;
+    }
     if (tokens >= 0)
         return 0;
     debt = -tokens * 100 / pct; /* wall time that refills the bucket to zero */
@@ -804,9 +824,10 @@ static void throttle(CUstream stream, int dev, int pct, int graph, uint64_t sig,
     if (!measure) {
         /* the common case: charge the estimate, no driver call, no lock unless in debt or due */
         charge(st, b, scaled(est, ppm));
-        if (VGPU_LIKELY(vgpu_bucket_tokens(b) >= 0 &&
-                        coarse_ns() < __atomic_load_n(&st->next_harvest_ns, __ATOMIC_RELAXED)))
-            goto launch;
+        long long now = coarse_ns();
+        if (VGPU_LIKELY(vgpu_bucket_tokens(b) >= 0 && now < __atomic_load_n(&st->next_harvest_ns, __ATOMIC_RELAXED) &&
+                        (!elastic || __atomic_load_n(&st->queue_end, __ATOMIC_RELAXED) < now + ELASTIC_AHEAD_NS)))
+            goto launch; /* (an elastic process's forgiven debt would let it queue far ahead: it looks then) */
     } else {
         /* recording into a capturing stream would tie our events to the user's graph: the graph's
          * launch is measured instead (and nothing runs now) */

@@ -94,6 +94,23 @@ def test_a_busy_high_priority_container_keeps_the_gpu(runner: ShareRunner, first
     assert hi >= 0.85 and lo <= 0.15 and alone >= 0.90, (hi, lo, alone)
 
 
+ELASTIC = {"VGPU_SM_ELASTIC": "1"}
+
+
+def test_an_elastic_container_takes_only_idle_time(runner: ShareRunner) -> None:
+    """VGPU_SM_ELASTIC=1: an elastic 30 alone runs at full speed; beside a busy 50 arriving 0.3 s later the 50
+    keeps its share (0.9 x 0.5 x C_2) and the 30 at least its own; the 30 first or second alike."""
+    [alone] = runner.run([Container(30, env=ELASTIC)], LONG_ITERS)
+    el, fifty = runner.run([Container(30, env=ELASTIC), Container(50, arrives=0.3)], LONG_ITERS)
+    fifty2, el2 = runner.run([Container(50), Container(30, arrives=0.3, env=ELASTIC)], LONG_ITERS)
+    c2 = sum(runner.run([Container(None), Container(None)], LONG_ITERS, shim=False))
+    print(f"\nFIGURE elastic 30 alone {alone:.3f}; first {el:.3f} beside a 50 {fifty:.3f}; second {el2:.3f} "
+          f"beside a 50 {fifty2:.3f} (C_2 {c2:.3f})")
+    assert alone >= 0.85, alone
+    for e, f in ((el, fifty), (el2, fifty2)):
+        assert f >= 0.9 * 0.5 * c2 and e >= 0.9 * 0.3 * c2, (e, f)
+
+
 @pytest.mark.parametrize("attack", ["truncate", "zero", "junk"])
 def test_a_vandalised_board_crashes_nobody(runner: ShareRunner, attack: str) -> None:
     """A neighbour truncates (the old board, mapped, killed every launching process with SIGBUS: exit 135),

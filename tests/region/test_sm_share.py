@@ -76,14 +76,14 @@ class Node:
 
     def arrivals(self, containers: list[tuple[int | None, float]], kernel_us: int = LONG_US, window: float = 1.5,
                  during: Callable[[], None] | None = None, envs: list[dict[str, str]] | None = None,
-                 **extra: str) -> list[float]:
+                 lead: float = 1.0, **extra: str) -> list[float]:
         """containers: (SM limit or None, seconds after the first one it starts) each, one process each; every
-        share over one window that opens a second after the last arrival, read from the simulated GPU itself
-        by an observer (as NVML would be, from outside). `during` runs while the window is open; `envs`: each
+        share over one window that opens `lead` seconds (a second) after the last arrival, read from the simulated
+        GPU itself by an observer (as NVML would be, from outside). `during` runs while the window is open; `envs`: each
         container's own extra environment."""
         (self.tmp / "gpu").touch()
         t0 = time.monotonic() + 0.2
-        w0 = t0 + max(d for _, d in containers) + 1.0
+        w0 = t0 + max(d for _, d in containers) + lead
         w1 = w0 + window
         procs: list[subprocess.Popen] = []
         try:
@@ -540,3 +540,37 @@ def test_a_late_small_container_beside_short_batches(turns: Node, turn_ceiling: 
     alone, c2 = turn_ceiling
     big, small = (s / alone for s in turns.arrivals([(70, 0.0), (30, 0.3)], TURN_US, **TURN_ENV))
     assert small >= 0.8 * 0.3 * c2 and big >= 0.8 * 0.7 * c2 and small <= 0.34, (big, small, c2)
+
+
+# ---- elastic: over the limit while nobody else wants the GPU (VGPU_SM_ELASTIC=1, opt-in per container) ----
+ELASTIC = {"VGPU_SM_ELASTIC": "1"}
+
+
+def test_an_elastic_container_uses_an_idle_gpu(sliced: Node) -> None:
+    """Alone, an elastic 30 takes the GPU nobody else wants; without VGPU_SM_ELASTIC it keeps to 0.30."""
+    [elastic] = sliced.arrivals([(30, 0.0)], envs=[ELASTIC])
+    [held] = sliced.arrivals([(30, 0.0)])
+    print(f"\nFIGURE elastic 30 alone {elastic}, not elastic {held}")
+    assert elastic >= 0.85 and held <= 0.32, (elastic, held)
+
+
+@pytest.mark.parametrize("first", ["elastic", "other"])
+def test_an_elastic_container_gives_the_gpu_back(sliced: Node, first: str) -> None:
+    """An elastic 30 beside a busy 50, whichever came first: the 50 gets its whole share, the 30 at least its own
+    and what the 50 leaves idle (0.50 / 0.36 here; a 30 that is not elastic gets 0.28)."""
+    if first == "elastic":
+        el, other = sliced.arrivals([(30, 0.0), (50, 0.3)], envs=[ELASTIC, {}])
+    else:
+        other, el = sliced.arrivals([(50, 0.0), (30, 0.3)], envs=[{}, ELASTIC])
+    print(f"\nFIGURE elastic 30 ({first} first) {el} beside a 50 {other}")
+    assert other >= 0.9 * 0.5 * C2 and el >= 0.9 * 0.3 * C2, (el, other)  # the 30 has the time the 50 leaves
+
+
+def test_an_elastic_container_lets_a_newcomer_in_at_once(sliced: Node) -> None:
+    """An elastic 30 has the whole GPU; a 50 arrives: over the 50's first second (the window opens 50 ms after it
+    starts, not a second later) it gets 0.43-0.46 here, as beside a 30 that is not elastic (0.35-0.46: a newcomer's
+    first second is the noisiest). The elastic one keeps at most ELASTIC_AHEAD_NS of work queued ahead: before
+    it did, its forgiven debt let it queue seconds of kernels and the newcomer got nothing in that second."""
+    el, other = sliced.arrivals([(30, 0.0), (50, 0.8)], envs=[ELASTIC, {}], window=1.0, lead=0.05)
+    print(f"\nFIGURE elastic 30 {el}, a 50 over its first second {other}")
+    assert other >= 0.8 * 0.5 * C2, (el, other)
