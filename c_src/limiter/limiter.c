@@ -481,6 +481,12 @@ static long long shape_est(struct dev_state *st, uint64_t sig)
     return __atomic_load_n(&st->shape[i].sig, __ATOMIC_ACQUIRE) == sig ? est : -1;
 }
 
+/* no shape has sig's slot yet */
+static int shape_free(struct dev_state *st, uint64_t sig)
+{
+    return !__atomic_load_n(&st->shape[solo_slot(sig)].sig, __ATOMIC_RELAXED);
+}
+
 /* mu held: a measured launch of shape sig was charged ns */
 static void shape_learn(struct dev_state *st, uint64_t sig, long long ns)
 {
@@ -815,9 +821,12 @@ static void throttle(CUstream stream, int dev, int pct, int graph, uint64_t sig,
         if (own >= 0)
             est = own;
         else if (__atomic_load_n(&st->head, __ATOMIC_RELAXED) - __atomic_load_n(&st->tail, __ATOMIC_RELAXED) <
-                 RING / 2)
+                     RING / 2 &&
+                 (shape_free(st, sig) || (next_rand() & (SAMPLE_SHARED - 1)) == 0))
             measure = 1; /* a shape not measured yet: measured now (while the ring has room), not charged
-                          * what another shape's launches cost (decode steps after prefill paid 9 x bare at 50) */
+                          * what another shape's launches cost (decode steps after prefill paid 9 x bare at 50);
+                          * one whose slot another shape holds, one time in SAMPLE_SHARED: more shapes than
+                          * slots must not make every launch a measured one */
     }
     if (charge_kind == VGPU_CHARGE_OCCUPANCY && !graph)
         ppm = vgpu_occupancy_ppm(&ops, dev, sig, grid);
