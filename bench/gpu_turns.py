@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """How a real GPU takes turns between busy contexts: each process of a row runs
-c_src/tests/gpu/region_gpu.c's loop with LOOP_TRACE, which records every kernel's start and end on the
+vgpu_patch/gpubench/region_gpu.c's loop with LOOP_TRACE, which records every kernel's start and end on the
 GPU's global timer (one clock for every context), and this script reads the merged timeline:
 
 - turns: runs of consecutive kernels of one process, how long each lasts, and the gap at each change of
@@ -22,11 +22,10 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests" / "gpu"))
 sys.path.insert(0, str(ROOT))
 
-from shares import LONG_ITERS, SHORT_ITERS, Container, ShareRunner, build_region_gpu
-
+from vgpu_patch.gpubench.program import LONG_ITERS, SHORT_ITERS, build_region_gpu
+from vgpu_patch.gpubench.shares import Container, ShareRunner
 from vgpu_patch.shim_build.build import build_shim
 
 C = Container

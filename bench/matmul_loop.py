@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""A matmul loop with region_gpu's `loop` protocol, so tests/gpu/shares.py can run it as a container:
+"""A matmul loop with region_gpu's `loop` protocol, so vgpu_patch/gpubench/shares.py can run it as a container:
 
     matmul_loop.py loop SECONDS     SPIN_ITERS: the square matrices' side (1024: about 60 us a matmul,
                                     float32, on an H200); syncs every 8 matmuls; LOOP_START_AT and

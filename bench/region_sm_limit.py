@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """SM limiter throughput ratios: the limiter (c_src/limiter/limiter.c) over a simulated GPU, and,
-with --gpu, the real compute-bound loop of tests/gpu (c_src/tests/gpu/region_gpu.c) under the shim.
+with --gpu, the real compute-bound loop (vgpu_patch/gpubench/region_gpu.c, as tests/gpu runs it) under the shim.
 
 Prints kernels/s as a fraction of the unlimited run for CUDA_DEVICE_SM_LIMIT = none, 100, 75, 50, 25,
 for three loop shapes over the simulation: async (sync every 32 launches), sync (after every
@@ -20,12 +20,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests" / "region"))
-sys.path.insert(0, str(ROOT / "tests" / "gpu"))
 sys.path.insert(0, str(ROOT))
 
 from regiontools import C_SRC, CFLAGS, LIMITER_SOURCES, REGION_SOURCES
-from shares import build_region_gpu
 
+from vgpu_patch.gpubench.program import build_region_gpu
 from vgpu_patch.shim_build.build import build_shim, header_dir
 
 LIMITS = [None, "100", "75", "50", "25"]

@@ -3,6 +3,7 @@
 container its own region) beside bare time-slicing and MPS (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE), for
 a long-kernel (about 2.2 ms) and a short-kernel (about 29 us) compute-bound loop, or PyTorch matmuls (about
 60 us, bench/matmul_loop.py). Each figure is a container's kernels per second over one bare process alone.
+`vgpu-patch bench` runs a few of these rows (long kernels) with the same runner, vgpu_patch/gpubench/shares.py.
 
     python3 bench/sm_share.py [--seconds 3] [--no-mps] [--kernels long|short|both|matmul] [--json OUT]
     python3 bench/sm_share.py --arrivals [--runs 5] ...   containers that start apart (ARRIVALS), each row
@@ -13,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -22,11 +22,12 @@ ROOT = Path(__file__).resolve().parent.parent
 MATMUL_N = 1024  # bench/matmul_loop.py's matrices: about 60 us a float32 matmul on an H200
 MATMUL_ROWS = {"one process, 50", "two containers 50 / 50", "two containers 30 / 70",
                "bare pair (time-slicing ceiling)"}
-sys.path.insert(0, str(ROOT / "tests" / "gpu"))
 sys.path.insert(0, str(ROOT))
 
-from shares import LONG_ITERS, SHORT_ITERS, Container, ShareRunner, build_region_gpu, jain, mps_daemon
-
+from vgpu_patch.gpubench.mps import mps_daemon
+from vgpu_patch.gpubench.program import LONG_ITERS, SHORT_ITERS, build_region_gpu
+from vgpu_patch.gpubench.shares import Container, ShareRunner, jain
+from vgpu_patch.gpubench.stats import spread_text
 from vgpu_patch.shim_build.build import build_shim
 
 C = Container
@@ -67,8 +68,7 @@ MPS_ARRIVALS = [("MPS 10 / 90", [C(10), C(90)]), ("MPS 30 / 70", [C(30), C(70)])
 
 def spread(runs: list[list[float]]) -> str:
     """each container's median over the runs and its spread (min-max)"""
-    cols = list(zip(*runs))
-    return " / ".join(f"{statistics.median(c):.3f} ({min(c):.3f}-{max(c):.3f})" for c in cols)
+    return " / ".join(spread_text(list(c)) for c in zip(*runs))
 
 
 def arrivals(runner: ShareRunner, iters: int, size: str, runs: int, mps: bool, tmp: Path, table: list,

@@ -71,16 +71,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
-def build_fake_driver(out: Path) -> Path:
-    """tests/fake_driver/*.c -> out/libcuda.so.1 + out/libnvidia-ml.so.1 (SONAMEs set)."""
+def build_fake_driver(out: Path, events: bool = False) -> Path:
+    """tests/fake_driver/*.c -> out/libcuda.so.1 + out/libnvidia-ml.so.1 (SONAMEs set). `events`: with
+    fake_events.c, whose kernels take time (FAKE_KERNEL_US) on one GPU the processes naming FAKE_GPU share."""
     from vgpu_patch.shim_build.build import header_dir
 
     out.mkdir(parents=True, exist_ok=True)
     common = ["gcc", "-shared", "-fPIC", "-fvisibility=hidden", "-O2", "-Wall", "-Wextra", "-Werror",
               f"-I{header_dir()}", "-Wl,-Bsymbolic"]
-    for src, soname in (("fake_cuda.c", "libcuda.so.1"), ("fake_nvml.c", "libnvidia-ml.so.1")):
-        subprocess.run(common + [f"-Wl,-soname,{soname}", str(FAKE_SRC / src), "-o", str(out / soname), "-lpthread"],
-                       check=True, capture_output=True, text=True)
+    cuda = ["fake_cuda.c", "fake_events.c"] if events else ["fake_cuda.c"]
+    for srcs, soname in ((cuda, "libcuda.so.1"), (["fake_nvml.c"], "libnvidia-ml.so.1")):
+        subprocess.run(common + [f"-Wl,-soname,{soname}", *(str(FAKE_SRC / s) for s in srcs), "-o", str(out / soname),
+                                 "-lpthread"], check=True, capture_output=True, text=True)
     return out
 
 
@@ -88,6 +90,13 @@ def build_fake_driver(out: Path) -> Path:
 def fake_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The fake CUDA driver and NVML (tests/fake_driver), built once for every folder."""
     return build_fake_driver(tmp_path_factory.mktemp("fake-driver"))
+
+
+@pytest.fixture(scope="session")
+def fake_gpu_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The fake driver with a simulated GPU (fake_events.c, sim_gpu.h): kernels take FAKE_KERNEL_US on one GPU that
+    every process naming the same FAKE_GPU file shares and time-slices; built once for every folder."""
+    return build_fake_driver(tmp_path_factory.mktemp("fake-gpu"), events=True)
 
 
 @pytest.fixture(scope="session")

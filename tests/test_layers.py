@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent / PACKAGE
 # layer uses: report/ (errors and their exit codes, the one -v level).
 TOP_LEVEL = {"__init__.py", "cli.py"}
 # the floors of docs/architecture.md, top first: each package (or top-level module) imports only from below it
-FLOORS = ["cli", "commands", "agent", "k8s", "deploy", "shim_build", "elf", "transport", "release",
+FLOORS = ["cli", "commands", "agent", "k8s", "deploy", "gpubench", "shim_build", "elf", "transport", "release",
           "shim", "report", PACKAGE]
 
 

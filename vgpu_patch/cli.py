@@ -18,7 +18,7 @@ from .commands.options import emit_json, error_document, json_emitted, verbose_o
 from .report.errors import EXIT_FAILED, VgpuPatchError
 
 COMMANDS = ["build", "check", "deploy", "status", "rollback", "region", "agent", "daemonset", "plugin-image",
-            "restart-plan", "demo"]
+            "restart-plan", "bench", "demo"]
 
 EPILOG = """\b
 Exit codes: 0 ok; 1 failed (or --dry-run with changes pending); 2 usage error;

@@ -1,7 +1,6 @@
 """GPU fixtures: skip cleanly unless a real NVIDIA driver is present; build the shim on that machine."""
 from __future__ import annotations
 
-import ctypes
 import os
 import shutil
 import subprocess
@@ -15,14 +14,14 @@ HERE = Path(__file__).resolve().parent
 
 
 def driver_present() -> str | None:
-    """None when a GPU is usable, else why not."""
+    """None when a GPU is usable, else why not (what `vgpu-patch bench` would say)."""
+    from vgpu_patch.gpubench.driver import probe
+    from vgpu_patch.report.errors import GpuError
+
     try:
-        cuda = ctypes.CDLL("libcuda.so.1")
-    except OSError as e:
-        return f"no libcuda.so.1 ({e})"
-    n = ctypes.c_int(0)
-    if cuda.cuInit(0) != 0 or cuda.cuDeviceGetCount(ctypes.byref(n)) != 0 or n.value < 1:
-        return "libcuda.so.1 found but no usable GPU"
+        probe()
+    except GpuError as e:
+        return str(e)
     return None
 
 
@@ -74,8 +73,8 @@ def gpu(tmp_path_factory: pytest.TempPathFactory) -> Gpu:
 
 @pytest.fixture(scope="session")
 def region_gpu(gpu: Gpu) -> Path:
-    """c_src/tests/gpu/region_gpu.c: holds or loops on the real driver for the region tests."""
-    from .shares import build_region_gpu
+    """vgpu_patch/gpubench/region_gpu.c: holds or loops on the real driver for the region tests."""
+    from vgpu_patch.gpubench.program import build_region_gpu
 
     return build_region_gpu(gpu.tmp / "region_gpu")
 

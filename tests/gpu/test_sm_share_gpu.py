@@ -12,8 +12,10 @@ from pathlib import Path
 import board_forgery
 import pytest
 
+from vgpu_patch.gpubench.program import LONG_ITERS, SHORT_ITERS
+from vgpu_patch.gpubench.shares import Container, ShareRunner, jain
+
 from .conftest import Gpu
-from .shares import LONG_ITERS, SHORT_ITERS, Container, ShareRunner, jain
 
 pytestmark = pytest.mark.gpu
 

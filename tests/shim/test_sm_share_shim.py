@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from vgpu_patch.gpubench.program import build_region_gpu
 from vgpu_patch.shim_build.build import header_dir
 
 LOOP = r"""
@@ -74,16 +75,9 @@ int main(int argc, char **argv)
 
 
 @pytest.fixture(scope="module")
-def gpu_driver(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """(the fake driver with a shared time-sliced GPU, the loop program)"""
-    out = tmp_path_factory.mktemp("fake-gpu")
-    fake = Path(__file__).resolve().parents[1] / "fake_driver"
-    common = ["gcc", "-shared", "-fPIC", "-fvisibility=hidden", "-O2", "-Wall", "-Wextra", "-Werror",
-              f"-I{header_dir()}", "-Wl,-Bsymbolic"]
-    subprocess.run(common + ["-Wl,-soname,libcuda.so.1", str(fake / "fake_cuda.c"), str(fake / "fake_events.c"),
-                             "-o", str(out / "libcuda.so.1"), "-lpthread"], check=True)
-    subprocess.run(common + ["-Wl,-soname,libnvidia-ml.so.1", str(fake / "fake_nvml.c"),
-                             "-o", str(out / "libnvidia-ml.so.1"), "-lpthread"], check=True)
+def gpu_driver(fake_gpu_dir: Path) -> tuple[Path, Path]:
+    """(the fake driver with a shared time-sliced GPU, the loop program), the programs built beside the driver"""
+    out = fake_gpu_dir
     (out / "loop.c").write_text(textwrap.dedent(LOOP))
     subprocess.run(["gcc", "-O1", f"-I{header_dir()}", str(out / "loop.c"), "-o", str(out / "loop"),
                     f"-L{out}", "-l:libcuda.so.1"], check=True)
@@ -211,10 +205,8 @@ def test_a_throttled_step_loop_is_paced_evenly(gpu_driver: tuple[Path, Path], sh
 
 @pytest.fixture(scope="module")
 def region_gpu(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """c_src/tests/gpu/region_gpu.c, the GPU tests' program, built to run over the simulated GPU"""
-    # tests/gpu/shares.py: pytest puts tests/ on sys.path (tests/shim is a package, tests/ is not)
-    from gpu.shares import build_region_gpu
-
+    """vgpu_patch/gpubench/region_gpu.c, the GPU tests' and `vgpu-patch bench`'s program, built to run over the
+    simulated GPU"""
     return build_region_gpu(tmp_path_factory.mktemp("region-gpu") / "region_gpu")
 
 

@@ -46,6 +46,10 @@ class ElfError(VgpuPatchError):
     """A file is not a readable ELF shared object (truncated, not ELF, wrong class)."""
 
 
+class GpuError(VgpuPatchError):
+    """No usable CUDA driver or GPU here (no libcuda.so.1, cuInit failing), or a GPU program failed on it."""
+
+
 class RegionError(VgpuPatchError):
     """A shared-region file is missing, truncated, or not HAMi layout 1.x."""
 
