@@ -35,6 +35,11 @@ VGPU_HIDDEN long long vgpu_bucket_tokens(const vgpu_ledger_t *b)
     return load(&b->tokens);
 }
 
+VGPU_HIDDEN long long vgpu_bucket_refilled_at(const vgpu_ledger_t *b)
+{
+    return (long long)__atomic_load_n(&b->refill_ns, __ATOMIC_ACQUIRE);
+}
+
 VGPU_HIDDEN void vgpu_bucket_charge(vgpu_ledger_t *b, long long ns)
 {
     if (ns) /* two's complement: subtracting a negative adds; the next refill clamps */

@@ -15,5 +15,8 @@ VGPU_HIDDEN long long vgpu_bucket_refill(vgpu_ledger_t *b, int dev, int pct, lon
  * estimate when it is made, and settled once measured) */
 VGPU_HIDDEN void vgpu_bucket_charge(vgpu_ledger_t *b, long long ns);
 VGPU_HIDDEN long long vgpu_bucket_tokens(const vgpu_ledger_t *b);
+/* when any process of the container last refilled the bucket (CLOCK_MONOTONIC ns; garbage from a foreign
+ * writer possible): every process that launches refills it at least every few ms */
+VGPU_HIDDEN long long vgpu_bucket_refilled_at(const vgpu_ledger_t *b);
 
 #endif
