@@ -818,7 +818,7 @@ static void throttle(CUstream stream, int dev, int pct, int graph, uint64_t sig,
     others_busy = __atomic_load_n(&st->others, __ATOMIC_RELAXED) != 0;
     rate = others_busy ? SAMPLE_SHARED : SAMPLE;
     measure = est < 0 || !st->ready || (next_rand() & (rate - 1)) == 0;
-    if (!graph && est >= 0) {
+    if (!graph && sig && est >= 0) { /* (no shape: a launch with no config, refused by the driver anyway) */
         long long own = shape_est(st, sig);
         if (own >= 0)
             est = own;
