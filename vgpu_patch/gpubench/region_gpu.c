@@ -230,18 +230,40 @@ static int by_value(const void *a, const void *b)
 
 #define STEPS_MAX 2000000
 
+/* steps of one kernel (blocks of 256 threads) and a sync, for `seconds` (at most STEPS_MAX): each step's
+ * latency, launch to the sync's return, in lat and when it ended (from the first's launch) in end, both in
+ * seconds; how many, -1 on a failed step */
+static int step_loop(CUfunction fn, unsigned blocks, void **args, double seconds, double *lat, double *end)
+{
+    double t0, t, a;
+    int n;
+    CUresult rc;
+
+    for (n = 0, t0 = t = now_s(); t - t0 < seconds && n < STEPS_MAX; n++) {
+        a = t;
+        if ((rc = p_cuLaunchKernel(fn, blocks, 1, 1, 256, 1, 1, 0, 0, args, 0)) || (rc = p_cuStreamSynchronize(0))) {
+            printf("step_rc=%d\n", rc);
+            return -1;
+        }
+        t = now_s();
+        lat[n] = t - a;
+        end[n] = t - t0;
+    }
+    return n;
+}
+
 static int do_steps(double seconds)
 {
     CUmodule mod;
     CUfunction fn;
     CUdeviceptr out;
     unsigned iters = (unsigned)(getenv("SPIN_ITERS") ? atoi(getenv("SPIN_ITERS")) : 1000), blocks;
-    int sms = 0, n = 0, i;
+    int sms = 0, n, i;
     void *args[2];
-    double *lat = malloc(STEPS_MAX * sizeof *lat), t0, t, a;
+    double *lat = malloc(STEPS_MAX * sizeof *lat), *end = malloc(STEPS_MAX * sizeof *end);
     CUresult rc;
 
-    if (!lat || (rc = p_cuModuleLoadData(&mod, PTX)) || (rc = p_cuModuleGetFunction(&fn, mod, "spin")) ||
+    if (!lat || !end || (rc = p_cuModuleLoadData(&mod, PTX)) || (rc = p_cuModuleGetFunction(&fn, mod, "spin")) ||
         (rc = p_cuMemAlloc_v2(&out, 1 << 20))) {
         printf("setup=failed\n");
         return 1;
@@ -254,18 +276,11 @@ static int do_steps(double seconds)
         p_cuLaunchKernel(fn, blocks, 1, 1, 256, 1, 1, 0, 0, args, 0);
         p_cuStreamSynchronize(0);
     }
-    for (t0 = t = now_s(); t - t0 < seconds && n < STEPS_MAX; n++) {
-        a = t;
-        if ((rc = p_cuLaunchKernel(fn, blocks, 1, 1, 256, 1, 1, 0, 0, args, 0)) || (rc = p_cuStreamSynchronize(0))) {
-            printf("step_rc=%d\n", rc);
-            return 1;
-        }
-        t = now_s();
-        lat[n] = (t - a) * 1e6;
-    }
+    if ((n = step_loop(fn, blocks, args, seconds, lat, end)) < 1)
+        return 1;
     qsort(lat, (size_t)n, sizeof *lat, by_value);
-    printf("blocks=%u\nsteps=%d\nsteps_per_s=%.1f\n", blocks, n, n / (t - t0));
-    printf("p50_us=%.1f\np99_us=%.1f\nmax_us=%.1f\n", lat[n / 2], lat[(int)(n * 0.99)], lat[n - 1]);
+    printf("blocks=%u\nsteps=%d\nsteps_per_s=%.1f\n", blocks, n, n / end[n - 1]);
+    printf("p50_us=%.1f\np99_us=%.1f\nmax_us=%.1f\n", lat[n / 2] * 1e6, lat[(int)(n * 0.99)] * 1e6, lat[n - 1] * 1e6);
     return 0;
 }
 
@@ -323,9 +338,9 @@ static int do_onset(double seconds)
     CUfunction fn;
     CUdeviceptr out;
     unsigned iters = (unsigned)(getenv("SPIN_ITERS") ? atoi(getenv("SPIN_ITERS")) : 12000), blocks;
-    int sms = 0, n = 0, i, hold = -1;
+    int sms = 0, n, i, hold = -1;
     void *args[2] = {&out, &iters};
-    double *lat = malloc(STEPS_MAX * sizeof *lat), *end = malloc(STEPS_MAX * sizeof *end), first[5], t0, t, a;
+    double *lat = malloc(STEPS_MAX * sizeof *lat), *end = malloc(STEPS_MAX * sizeof *end), first[5];
     double busy[10] = {0};
     struct timespec idle = {0, 200000000};
     CUresult rc;
@@ -340,16 +355,8 @@ static int do_onset(double seconds)
     p_cuLaunchKernel(fn, blocks, 1, 1, 256, 1, 1, 0, 0, args, 0); /* JIT */
     p_cuStreamSynchronize(0);
     nanosleep(&idle, 0); /* idle: the budget refills */
-    for (t0 = t = now_s(); t - t0 < seconds && n < STEPS_MAX; n++) {
-        a = t;
-        if ((rc = p_cuLaunchKernel(fn, blocks, 1, 1, 256, 1, 1, 0, 0, args, 0)) || (rc = p_cuStreamSynchronize(0))) {
-            printf("step_rc=%d\n", rc);
-            return 1;
-        }
-        t = now_s();
-        lat[n] = t - a;
-        end[n] = t - t0;
-    }
+    if ((n = step_loop(fn, blocks, args, seconds, lat, end)) < 0)
+        return 1;
     if (n < 10) {
         printf("steps=%d\n", n);
         return 1;
