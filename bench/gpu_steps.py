@@ -31,7 +31,8 @@ LIMITS = [50, 25]
 def show(row: StepsRow) -> None:
     p50, p99 = row.median("p50_us"), row.median("p99_us")
     print(f"  {row.row:<20} {row.ratio.median:.3f}x ({row.ratio.min:.3f}-{row.ratio.max:.3f})   p50 {p50:.0f} us"
-          f"  p99 {p99:.0f} us  (p99/p50 {p99 / p50:.2f}; bare p50 {row.median('bare_p50_us'):.1f} us)", flush=True)
+          f"  p99 {p99:.0f} us  (p99/p50 {p99 / p50:.2f}; bare p50 {row.median('bare_p50_us'):.1f} us, p99/p50 "
+          f"{row.median('bare_p99_us') / row.median('bare_p50_us'):.2f})", flush=True)
 
 
 def main() -> None:

@@ -96,6 +96,8 @@ def main() -> None:
     ap.add_argument("--arrivals", action="store_true", help="the staggered-arrival rows instead")
     ap.add_argument("--runs", type=int, default=5, help="runs of each --arrivals row")
     ap.add_argument("--rows", default="", help="only the --arrivals rows whose name has this text")
+    ap.add_argument("--lead", type=float, default=2.5,
+                    help="seconds from starting a row's processes to their loops' start (each needs its context)")
     args = ap.parse_args()
     table = []
     with tempfile.TemporaryDirectory() as d:
@@ -106,7 +108,7 @@ def main() -> None:
             runner = ShareRunner(ROOT / "bench" / "matmul_loop.py", shim, tmp, args.seconds, lead=10.0)
             sizes = [(MATMUL_N, "matmul")]
         else:
-            runner = ShareRunner(exe, shim, tmp, args.seconds)
+            runner = ShareRunner(exe, shim, tmp, args.seconds, lead=args.lead)
             sizes = [(i, s) for i, s in ((LONG_ITERS, "long"), (SHORT_ITERS, "short")) if args.kernels in (s, "both")]
         for iters, size in sizes:
             print(f"== {size} kernels (SPIN_ITERS={iters}): bare {runner.bare(iters):.1f} kernels/s", flush=True)

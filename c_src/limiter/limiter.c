@@ -14,7 +14,9 @@
  *    beside one busy context, 6.90 ms beside two), while short ones take turns between slices and
  *    are not (29 us alone or not). With k = 1 + how many other processes were busy on the board,
  *    on average, while the launch ran (at most MAX_K, and at most 1 + the other processes NVML lists
- *    on the device when it lists any: no file a neighbour writes raises that), a measured launch of
+ *    on the device, 2 when it lists only us: no file a neighbour writes raises that; at least 1 + the
+ *    share of the GPU's time NVML's utilisation shows busy beyond what we were charged, at most 2: no file
+ *    lowers that, busy_floor), a measured launch of
  *    some kernel (function and launch shape) or graph is charged
  *        E                       alone (exact, as before);
  *        E / k                   when E / k >= STRETCH_NS (long: stretched), or, once it has been
@@ -195,6 +197,9 @@ struct dev_state {
     } shape[SOLO]; /* per launch shape, written under mu, read lock-free on the fast path */
     int census;           /* other processes on the device, NVML says (mu); -1 unknown */
     long long census_at;  /* when it was asked */
+    long long own_ns;     /* atomic: how long our launches have held our stream so far, as queued() counts them */
+    long long floor_milli; /* (mu) contexts busy at least, by NVML's utilisation beyond ours; 0 none */
+    long long floor_at, floor_own; /* (mu) when it was found, and own_ns then */
     long long batch_t0;   /* atomic: when the launch that found our queue drained was made; 0 none */
     int batch_n;          /* atomic: launches since */
     long long waits[WAITS]; /* (mu) the last batches' waits beside another container */
@@ -580,12 +585,43 @@ static int census(struct dev_state *st, int dev, long long now)
     return st->census = n > 1 ? n - 1 : -1; /* we are one of them */
 }
 
+/* mu held: how many contexts at least, ours included, in thousandths, the GPU itself says were busy lately:
+ * NVML's utilisation (the share of time any kernel ran) beyond the time our own launches held our stream (their
+ * stretch included, so it never counts others that were not there; what we were charged would: a process alone
+ * and charged less than its time found room for others in its own work), over about CENSUS_NS; 0 when
+ * it shows less than OTHERS_UTIL beyond ours, or NVML has none. No file a neighbour writes moves it: a forger that
+ * rewrites every entry of the board, the one a busy neighbour just took included, hides that neighbour's time
+ * from the board (a late 10 beside an unlimited one then got 0.06-0.077 over the simulated GPU, charged as if
+ * alone), but not from the GPU. At most one other context: utilisation cannot tell one busy neighbour from
+ * several. */
+static long long busy_floor(struct dev_state *st, int dev, long long now)
+{
+    long long own = __atomic_load_n(&st->own_ns, __ATOMIC_RELAXED), others;
+    int util;
+
+    if (st->floor_at && now - st->floor_at < CENSUS_NS)
+        return st->floor_milli;
+    st->floor_milli = 0;
+    if (ops.gpu_util && (st->floor_at || census(st, dev, now) > 0) && (util = ops.gpu_util(dev)) >= 0) {
+        /* the first look, where NVML lists others, takes none of the utilisation for ours: we have hardly run
+         * yet. Waiting a CENSUS_NS to know, a late 10's first 32 launches (queued before any was measured)
+         * were all charged as if alone, and it slept off 1.3 s of debt (0.054 in the window after) */
+        others = util * 10ll - (st->floor_at && now > st->floor_at ? (own - st->floor_own) * 1000 / (now - st->floor_at)
+                                                                   : 0);
+        if (others >= OTHERS_UTIL * 10)
+            st->floor_milli = 1000 + (others < 1000 ? others : 1000);
+    }
+    st->floor_at = now;
+    st->floor_own = own;
+    return st->floor_milli;
+}
+
 /* mu held: how many contexts, on average and ours included, in thousandths, were busy within
  * [from, to]; *sure is 0 when the board's history does not reach back that far (then the others
  * busy now stand in) */
 static long long contexts_milli(struct dev_state *st, int dev, long long from, long long to, int *sure)
 {
-    long long busy, k, cap;
+    long long busy, k, cap, floor;
     int n;
 
     *sure = 1;
@@ -600,10 +636,16 @@ static long long contexts_milli(struct dev_state *st, int dev, long long from, l
         if (busy > 0 && k == 1000)
             k = 1001; /* someone was busy meanwhile: not alone */
     }
-    if (k > 1000 && (n = census(st, dev, to)) >= 0) {
-        cap = 1000ll * (1 + n);
+    if (k < (floor = busy_floor(st, dev, to)))
+        k = floor; /* the GPU was busier than the board shows */
+    if (k > 1000) {
+        /* the board claims more busy neighbours than the GPU has processes; an NVML that lists only us (one that
+         * filters by pid namespace would) bounds them at one: forged busy entries then made a 30 beside a 70
+         * take 0.445, the 70 left 0.489 */
+        n = census(st, dev, to);
+        cap = 1000ll * (1 + (n >= 0 ? n : 1));
         if (k > cap)
-            k = cap; /* the board claims more busy neighbours than the GPU has processes */
+            k = cap;
     }
     return k < MAX_K * 1000 ? k : MAX_K * 1000;
 }
@@ -792,7 +834,9 @@ static void queued(struct dev_state *st, int dev, int graph)
     long long now = now_ns(), end = __atomic_load_n(&st->queue_end, __ATOMIC_RELAXED),
               held = __atomic_load_n(&st->held_ns, __ATOMIC_RELAXED);
 
-    end = (end > now ? end : now) + (held > 0 ? held : __atomic_load_n(&st->est_ns[graph], __ATOMIC_RELAXED));
+    held = held > 0 ? held : __atomic_load_n(&st->est_ns[graph], __ATOMIC_RELAXED);
+    end = (end > now ? end : now) + held;
+    __atomic_fetch_add(&st->own_ns, held > 0 ? held : 0, __ATOMIC_RELAXED);
     __atomic_store_n(&st->queue_end, end, __ATOMIC_RELAXED);
     vgpu_board_until(dev, end);
 }

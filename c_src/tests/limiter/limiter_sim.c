@@ -18,7 +18,9 @@
  * event recorded before a launch (the limiter's start event) completes when that kernel starts; one
  * recorded after it, when the stream's work so far is done. */
 #define _GNU_SOURCE
+#include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -192,15 +194,18 @@ static int key(int ordinal, char *out, size_t n)
     return 0;
 }
 
-/* the GPU's own count of its processes, as NVML would give it */
+/* the GPU's own count of its processes, as NVML would give it; SIM_GPU_PROCS=self: an NVML that lists only the
+ * caller (one that filtered by pid namespace would) */
 static int procs(int ordinal)
 {
     int i, n = 0;
     (void)ordinal;
-    if (!shared)
+    if (!shared || (getenv("SIM_GPU_PROCS") && !strcmp(getenv("SIM_GPU_PROCS"), "self")))
         return 1;
-    for (i = 0; i < SIM_PROCS; i++)
-        n += __atomic_load_n(&shared->proc[i].pid, __ATOMIC_RELAXED) != 0;
+    for (i = 0; i < SIM_PROCS; i++) { /* a process that died has no context left (its row stays) */
+        int pid = __atomic_load_n(&shared->proc[i].pid, __ATOMIC_RELAXED);
+        n += pid && (kill(pid, 0) == 0 || errno == EPERM);
+    }
     return n;
 }
 
