@@ -49,6 +49,7 @@
 #include <string.h>
 
 #include <cuda.h>
+#include "sm.h"      /* the SMs: their count, what one holds */
 #include "visible.h" /* CUDA_VISIBLE_DEVICES */
 /* cuda.h maps these names onto their newest versions; the fake exports the legacy ABIs under the
  * plain names, as the real driver does */
@@ -1276,7 +1277,7 @@ EXPORT CUresult cuDeviceGetAttribute(int *v, CUdevice_attribute a, CUdevice dev)
         *v = 1;
         break;
     case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT:
-        *v = 132;
+        *v = FAKE_SMS;
         break;
     default:
         *v = 0;
@@ -1777,8 +1778,11 @@ EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDe
 }
 
 /* With fake_events.c linked in and FAKE_GPU set, kernels take time on a GPU the processes share
- * (sim_gpu.h); otherwise they take none. Weak: the plain fake driver has no such GPU. */
-void fake_gpu_launch(unsigned long long blocks) __attribute__((weak));
+ * (sim_gpu.h); otherwise they take none. A launch hands over its grid: its blocks, threads per block,
+ * dynamic shared memory and stream (the SM model, FAKE_SM_MODEL, places it by them). Weak: the plain
+ * fake driver has no such GPU. */
+void fake_gpu_launch(unsigned long long blocks, unsigned long long threads, unsigned smem, CUstream s)
+    __attribute__((weak));
 void fake_gpu_drain(void) __attribute__((weak));
 
 /* synchronizing trims the device's pools to their release thresholds, as the real driver does */
@@ -1963,19 +1967,13 @@ EXPORT void fake_last_args(unsigned long long out[6])
     memcpy(out, last_args, sizeof last_args);
 }
 
-/* ---- occupancy: an SM of the H200's kind holds 2048 threads, 32 blocks and 228 KiB of shared memory ---- */
+/* ---- occupancy: an SM of the H200's kind holds 2048 threads, 32 blocks and 228 KiB of shared memory (sm.h) ---- */
 EXPORT CUresult cuOccupancyMaxActiveBlocksPerMultiprocessor(int *n, CUfunction f, int threads, size_t smem)
 {
-    int by_threads, by_smem;
-
     (void)f;
     if (!n || threads <= 0 || threads > 1024)
         return CUDA_ERROR_INVALID_VALUE;
-    by_threads = 2048 / threads;
-    by_smem = smem ? (int)(233472 / smem) : 32;
-    *n = by_threads < by_smem ? by_threads : by_smem;
-    if (*n > 32)
-        *n = 32;
+    *n = fake_blocks_per_sm(threads, smem);
     return CUDA_SUCCESS;
 }
 
@@ -1989,7 +1987,7 @@ EXPORT CUresult cuLaunchKernel(KPARAMS, void **params, void **extra)
     UNUSED_K, (void)params, (void)extra;
     COUNT(cuLaunchKernel);
     if (fake_gpu_launch)
-        fake_gpu_launch((unsigned long long)gx * gy * gz);
+        fake_gpu_launch((unsigned long long)gx * gy * gz, (unsigned long long)bx * by * bz, shmem, s);
     return CUDA_SUCCESS;
 }
 
@@ -1998,7 +1996,7 @@ EXPORT CUresult cuLaunchKernel_ptsz(KPARAMS, void **params, void **extra)
     UNUSED_K, (void)params, (void)extra;
     COUNT(cuLaunchKernel_ptsz);
     if (fake_gpu_launch)
-        fake_gpu_launch((unsigned long long)gx * gy * gz);
+        fake_gpu_launch((unsigned long long)gx * gy * gz, (unsigned long long)bx * by * bz, shmem, s);
     return CUDA_SUCCESS;
 }
 

@@ -1,14 +1,23 @@
 /* Optional event entry points for the fake libcuda.so.1 (linked in only by the limiter cost
  * tests and bench/limiter_launch.py: the plain fake driver has none, so the limiter stays off).
- * Kernels take no time here: an event completes when it is recorded and two events are 0 ms
+ * Without FAKE_GPU kernels take no time: an event completes when it is recorded and two events are 0 ms
  * apart (so the limiter measures, but never throttles: its own cost is what is left); every call is counted:
- * fake_event_calls("cuEventRecord"), fake_event_calls("*") for all of them. */
+ * fake_event_calls("cuEventRecord"), fake_event_calls("*") for all of them.
+ * With FAKE_GPU=FILE kernels take time on a GPU every process naming FILE shares (sim_gpu.h):
+ *   FAKE_KERNEL_US=N      a kernel takes N us (1000 by default)
+ *   FAKE_KERNEL_BLOCKS=B  a kernel of B blocks takes FAKE_KERNEL_US, others in proportion
+ *   FAKE_SM_MODEL=1       kernels hold SMs (sim_gpu.h's sms): one of B blocks holds min(B, SMs x blocks an
+ *                         SM holds of its shape) of the GPU's block slots and takes FAKE_KERNEL_US per wave
+ *                         of that many (FAKE_KERNEL_BLOCKS is not read); one process's kernels on different
+ *                         streams run together while they fit. Unset, every kernel holds the whole GPU. */
 #include <pthread.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
 #include "sim_gpu.h"
+#include "sm.h"
 
 #include <cuda.h>
 #undef cuEventElapsedTime /* cuda.h maps it to _v2 (CUDA 13); the fake has both spellings */
@@ -55,6 +64,7 @@ struct CUevent_st {
 static long long kernel_ns = 1000000;
 static long long kernel_blocks; /* FAKE_KERNEL_BLOCKS: a kernel of this many blocks takes kernel_ns, others in
                                  * proportion (at least 1 us); 0: every kernel takes kernel_ns */
+static int sm_model; /* FAKE_SM_MODEL=1 */
 static pthread_once_t gpu_once = PTHREAD_ONCE_INIT;
 static int next_slot;
 
@@ -65,6 +75,7 @@ static void gpu_init(void)
         kernel_ns = atoll(us) * 1000;
     if (getenv("FAKE_KERNEL_BLOCKS"))
         kernel_blocks = atoll(getenv("FAKE_KERNEL_BLOCKS"));
+    sm_model = getenv("FAKE_SM_MODEL") && !strcmp(getenv("FAKE_SM_MODEL"), "1");
     if (path && *path)
         gpu_open(path, 0);
 }
@@ -75,12 +86,34 @@ static int gpu_on(void)
     return shared != 0;
 }
 
-EXPORT void fake_gpu_launch(unsigned long long blocks)
+/* FAKE_SM_MODEL: the SMs a kernel's grid holds and its waves (see the top); lock held, after advance */
+static void launch_on_sms(unsigned long long blocks, unsigned long long threads, unsigned smem, CUstream s)
+{
+    int per_sm = threads >= 1 && threads <= 1024 ? fake_blocks_per_sm((int)threads, smem) : 0;
+    /* the blocks the GPU holds at once; a shape no SM holds (the fake launches it all the same) counts one */
+    unsigned long long slots = FAKE_SMS * (unsigned long long)(per_sm > 0 ? per_sm : 1);
+    unsigned long long b = blocks ? blocks : 1, held = b < slots ? b : slots;
+    long long waves = (long long)((b + slots - 1) / slots);
+    /* the default stream, however it is named, is one stream */
+    unsigned long long stream = s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD ? 0 : (uintptr_t)s;
+
+    /* its share rounded up, as the shim's occupancy charge rounds it (c_src/limiter/occupancy.c) */
+    sim_launch(stream, waves * kernel_ns, (long long)((held * SIM_PPM + slots - 1) / slots));
+}
+
+EXPORT void fake_gpu_launch(unsigned long long blocks, unsigned long long threads, unsigned smem, CUstream s)
 {
     long long ns = kernel_ns;
 
     if (!gpu_on())
         return;
+    if (sm_model) {
+        lock();
+        advance(now_ns());
+        launch_on_sms(blocks, threads, smem, s);
+        unlock();
+        return;
+    }
     if (kernel_blocks > 0) {
         ns = (long long)((double)kernel_ns * (double)blocks / (double)kernel_blocks);
         ns = ns < 1000 ? 1000 : ns;

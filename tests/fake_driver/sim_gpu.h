@@ -18,7 +18,20 @@
  *     included, waits for its owner's turn. This is how an H200 takes turns between contexts running
  *     a loop of short kernels that syncs every few launches (bench/gpu_turns.py): a turn at each
  *     batch, so two such loops get far less than one alone, and the cost falls on whoever is turned to.
- * State: one row per process, the lock is a flock on the file. Header-only: each user is one file. */
+ * Within a process, kernels take their time one after another whatever their stream, unless
+ *   sms (the fake driver's FAKE_SM_MODEL=1, with slice or turns): the regimes above share the GPU's time
+ *     between contexts; this one says what a context does with its time. A kernel holds the share of the
+ *     SMs its grid fills (min(blocks, SMs x blocks an SM holds) of those slots: fake_events.c and sm.h, the
+ *     rule the driver's occupancy API answers) for one kernel's time per wave of that many blocks, so a
+ *     1-block kernel takes as long as one that fills the GPU but holds next to none of it. Kernels of one
+ *     process on different streams run at the same time while the SMs they hold fit in the GPU (sum <= 1);
+ *     a kernel that does not fit waits for SMs to free, as the block scheduler hands them out in launch
+ *     order (so kernels that fill the GPU together take their turns). This is planned at each launch on the
+ *     context's own clock (the work it has done, `done`): the process's work is then the time to the end
+ *     of its plan, and that is what it queues for the time-slicing above, whose accounting (busy time,
+ *     events, NVML's utilisation) is unchanged. Between processes, no MPS: their contexts still take turns.
+ * State: one row per process, the lock is a flock on the file; the SM model's plan is each process's own.
+ * Header-only: each user is one file. */
 #ifndef SIM_GPU_H
 #define SIM_GPU_H
 
@@ -235,6 +248,85 @@ SIM_FN void advance(long long now)
     }
     util_to(now, 0);
     shared->t = now;
+}
+
+/* sms: this process's kernels that are not done yet, as runs of them on its context's clock (see the top) */
+#define SIM_PPM 1000000ll /* the whole GPU's SMs */
+#define SIM_RUNS 32
+#define SIM_ALL_STREAMS (~0ull)
+static struct sim_run {
+    long long start, end;      /* on the context's clock (done) */
+    unsigned long long stream; /* whose kernels; SIM_ALL_STREAMS: several streams' (no room, see sim_launch) */
+    long long ppm;             /* of the SMs they hold */
+} runs[SIM_RUNS];
+static int nruns;
+
+/* sms: the SMs (ppm) this process's kernels hold at x */
+SIM_FN long long sms_held(long long x)
+{
+    long long sum = 0;
+    int i;
+    for (i = 0; i < nruns; i++)
+        if (runs[i].start <= x && x < runs[i].end)
+            sum += runs[i].ppm;
+    return sum;
+}
+
+/* sms: whether ppm more of the SMs are free throughout [at, at + ns) (what is held rises only where a run starts) */
+SIM_FN int sms_free(long long at, long long ns, long long ppm)
+{
+    int i;
+    if (sms_held(at) + ppm > SIM_PPM)
+        return 0;
+    for (i = 0; i < nruns; i++)
+        if (runs[i].start > at && runs[i].start < at + ns && sms_held(runs[i].start) + ppm > SIM_PPM)
+            return 0;
+    return 1;
+}
+
+/* sms, lock held (after advance): a kernel of ns on `stream`, holding ppm of the SMs. It starts once its
+ * stream's kernels before it are done and, from then, at the first moment (now or the end of a run) when its
+ * SMs are free throughout its time; the end of everything (`submitted`) always is. What it adds to the
+ * process's work is how much later its plan now ends. */
+SIM_FN void sim_launch(unsigned long long stream, long long ns, long long ppm)
+{
+    long long at = me->done, end = me->submitted, start;
+    int i, j;
+
+    if (ns <= 0)
+        return;
+    for (i = j = 0; i < nruns; i++) /* forget the runs that are done */
+        if (runs[i].end > me->done)
+            runs[j++] = runs[i];
+    nruns = j;
+    for (i = 0; i < nruns; i++)
+        if ((runs[i].stream == stream || runs[i].stream == SIM_ALL_STREAMS) && runs[i].end > at)
+            at = runs[i].end;
+    start = at;
+    if (!sms_free(at, ns, ppm))
+        for (start = end, i = 0; i < nruns; i++) /* the first end of a run after which it fits */
+            if (runs[i].end > at && runs[i].end < start && sms_free(runs[i].end, ns, ppm))
+                start = runs[i].end;
+    for (i = 0; i < nruns; i++) /* the stream's run goes on: a loop of one shape is one run */
+        if (runs[i].stream == stream && runs[i].ppm == ppm && runs[i].end == start)
+            break;
+    if (i < nruns) {
+        runs[i].end = start + ns;
+    } else if (nruns < SIM_RUNS) {
+        runs[nruns++] = (struct sim_run){start, start + ns, stream, ppm};
+    } else { /* no room to plan it: after everything, in the last run, which then holds the GPU for every stream */
+        for (i = 0, j = 1; j < nruns; j++)
+            if (runs[j].end > runs[i].end)
+                i = j; /* the last to end, at `end` */
+        start = end;
+        runs[i].end = start + ns;
+        runs[i].stream = SIM_ALL_STREAMS;
+        runs[i].ppm = SIM_PPM;
+    }
+    if (start + ns > end) {
+        me->queued += start + ns - end;
+        me->submitted = start + ns;
+    }
 }
 
 SIM_FN void leave(void)

@@ -1,7 +1,10 @@
 """The SM budget through the whole shim: libvgpu.so preloaded into real processes over the fake driver,
 whose kernels take time on one GPU the processes share and time-slice (FAKE_GPU, fake_events.c and
 sim_gpu.h). The launch wrappers, the synchronise wrappers, the region's compute ledger and the node's
-activity board all take part; tests/region/test_sm_share.py covers the rows in detail."""
+activity board all take part; tests/region/test_sm_share.py covers the rows in detail. With FAKE_SM_MODEL=1
+that GPU also has SMs (sim_gpu.h's sms): a kernel holds the share of them its grid fills, one wave of
+FAKE_KERNEL_US per SM-full of blocks, and one process's kernels on different streams run together while they
+fit; the tests at the end use it."""
 from __future__ import annotations
 
 import os
@@ -73,6 +76,46 @@ int main(int argc, char **argv)
 }
 """
 
+# KERNELS kernels of BLOCKS blocks of THREADS threads, the i-th on stream i % STREAMS (streams of its own), then a
+# synchronize, REPS times; prints the median time that took, in microseconds
+OVERLAP = r"""
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+#include <cuda.h>
+static double now(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec + t.tv_nsec / 1e9; }
+static int by_value(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+int main(int argc, char **argv)
+{
+    CUdevice dev; CUcontext ctx; CUstream st[8]; double t, took[64]; int kernels, streams, reps, r, i;
+    unsigned blocks, threads;
+    if (argc < 6 || (kernels = atoi(argv[1])) < 1 || (streams = atoi(argv[2])) < 1 || streams > 8 ||
+        (reps = atoi(argv[5])) < 1 || reps > 64 || cuInit(0) || cuDeviceGet(&dev, 0) ||
+        cuDevicePrimaryCtxRetain(&ctx, dev) || cuCtxSetCurrent(ctx))
+        return 3;
+    blocks = (unsigned)atoi(argv[3]), threads = (unsigned)atoi(argv[4]);
+    for (i = 0; i < streams; i++)
+        if (cuStreamCreate(&st[i], 0))
+            return 3;
+    for (r = 0; r < reps; r++) {
+        t = now();
+        for (i = 0; i < kernels; i++)
+            if (cuLaunchKernel((CUfunction)1, blocks, 1, 1, threads, 1, 1, 0, st[i % streams], 0, 0))
+                return 4;
+        if (cuCtxSynchronize())
+            return 4;
+        took[r] = (now() - t) * 1e6;
+    }
+    qsort(took, reps, sizeof *took, by_value);
+    printf("%.0f\n", took[reps / 2]);
+    return 0;
+}
+"""
+
 
 @pytest.fixture(scope="module")
 def gpu_driver(fake_gpu_dir: Path) -> tuple[Path, Path]:
@@ -84,14 +127,18 @@ def gpu_driver(fake_gpu_dir: Path) -> tuple[Path, Path]:
     (out / "steps.c").write_text(textwrap.dedent(STEPS))
     subprocess.run(["gcc", "-O1", f"-I{header_dir()}", str(out / "steps.c"), "-o", str(out / "steps"),
                     f"-L{out}", "-l:libcuda.so.1"], check=True)
+    (out / "overlap.c").write_text(textwrap.dedent(OVERLAP))
+    subprocess.run(["gcc", "-O1", f"-I{header_dir()}", str(out / "overlap.c"), "-o", str(out / "overlap"),
+                    f"-L{out}", "-l:libcuda.so.1"], check=True)
     return out, out / "loop"
 
 
 def run(gpu_driver: tuple[Path, Path], shim_path: Path, tmp: Path, containers: list[tuple[int, int]],
         envs: list[dict[str, str]] | None = None, grid: tuple[int, int] = (1, 1), stderr: list[str] | None = None,
         **extra: str) -> list[float]:
-    """Each container's share of the GPU (its processes' kernel time over the wall); `grid`: each kernel's
-    (blocks, threads per block); `stderr`: gets every process's stderr"""
+    """Each container's share of the GPU (its processes' kernel time over the wall); `envs`: each container's
+    environment over the rest (LD_PRELOAD="": bare); `grid`: each kernel's (blocks, threads per block);
+    `stderr`: gets every process's stderr"""
     fake, loop = gpu_driver
     (tmp / "node").mkdir(exist_ok=True)
     procs = []
@@ -99,7 +146,8 @@ def run(gpu_driver: tuple[Path, Path], shim_path: Path, tmp: Path, containers: l
         env = {k: v for k, v in os.environ.items() if not k.startswith(("CUDA_", "GPU_CORE", "VGPU_", "FAKE_"))}
         env.update(LD_PRELOAD=str(shim_path), LD_LIBRARY_PATH=str(fake), FAKE_GPU=str(tmp / "gpu"),
                    FAKE_KERNEL_US="2000", VGPU_NODE_DIR=str(tmp / "node"), CUDA_DEVICE_SM_LIMIT=str(limit),
-                   CUDA_DEVICE_MEMORY_SHARED_CACHE=str(tmp / f"c{c}.cache"), **{**extra, **(envs[c] if envs else {})})
+                   CUDA_DEVICE_MEMORY_SHARED_CACHE=str(tmp / f"c{c}.cache"))
+        env.update({**extra, **(envs[c] if envs else {})})
         procs += [(c, subprocess.Popen([str(loop), "2.0", *map(str, grid)], env=env, stdout=subprocess.PIPE,
                                        stderr=subprocess.PIPE, text=True)) for _ in range(n)]
     shares = [0.0] * len(containers)
@@ -253,3 +301,49 @@ def test_decode_steps_after_prefill_pay_their_own_time(gpu_driver: tuple[Path, P
         p50[who] = float(kv["cold_p50_us"])
     print(f"\nFIGURE decode after prefill at SM 50: median step {p50['shim']:.0f} us, bare {p50['bare']:.0f} us")
     assert p50["shim"] <= 1.5 * p50["bare"], p50
+
+
+@pytest.mark.parametrize(("how", "grid", "band"), [
+    ("occupancy", (1, 1), (0.90, 1.05)),  # 1 block of 1 thread: 1/4224 of the block slots (32 an SM)
+    ("occupancy", WHOLE, (0.45, 0.55)),   # 132 x 2 blocks of 1024 threads: every SM, so half its time
+    ("time", (1, 1), (0.42, 0.58)),       # the default: the 1-block loop is charged its time, held to half
+])
+def test_on_a_gpu_of_sms_the_occupancy_charge_holds_what_a_loop_fills(
+        gpu_driver: tuple[Path, Path], shim_path: Path, tmp_path: Path, how: str, grid: tuple[int, int],
+        band: tuple[float, float]) -> None:
+    """Issue 34 over the SM model (FAKE_SM_MODEL=1): under SM 50 a loop keeps of the GPU time it asks for (the
+    same loop bare, in the same test: what LOOP prints is the GPU time it got a second) what it fills of the SMs
+    allows. Each of its kernels takes the same 2 ms on the GPU, whatever its grid, and holds its grid's share."""
+    shares = {}
+    for who, envs in (("bare", [{"LD_PRELOAD": ""}]), ("shim", None)):
+        (tmp_path / who).mkdir()
+        [shares[who]] = run(gpu_driver, shim_path, tmp_path / who, [(50, 1)], envs=envs, grid=grid,
+                            FAKE_SM_MODEL="1", VGPU_SM_CHARGE=how)
+    kept = shares["shim"] / shares["bare"]
+    print(f"\nFIGURE SM model, SM 50, {how} charge, grid {grid[0]} x {grid[1]}: {shares['shim']:.3f} of the GPU's "
+          f"time a second, bare {shares['bare']:.3f}: keeps {kept:.3f}")
+    assert band[0] <= kept <= band[1], shares
+
+
+@pytest.mark.parametrize(("model", "kernels", "streams", "grid", "times"), [
+    ("1", 2, 2, (1, 1), 1),          # two 1-block kernels on two streams: side by side
+    ("1", 2, 1, (1, 1), 2),          # on one stream: one after the other
+    ("1", 2, 2, WHOLE, 2),           # two that fill the GPU: in turn, whatever their streams
+    ("1", 1, 1, (2 * 264, 1024), 2),  # twice the blocks the GPU holds at once: two waves
+    ("", 2, 2, (1, 1), 2),           # no SM model: a kernel holds the whole GPU, as before
+])
+def test_one_process_s_kernels_on_two_streams_run_together_while_they_fit(
+        gpu_driver: tuple[Path, Path], tmp_path: Path, model: str, kernels: int, streams: int,
+        grid: tuple[int, int], times: int) -> None:
+    """The SM model through the fake driver alone (no shim): the time a launch of `kernels` kernels and a
+    synchronize take, in kernels' times (20 ms each; the median of 9)."""
+    fake, _ = gpu_driver
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CUDA_", "GPU_CORE", "VGPU_", "FAKE_", "LD_"))}
+    env.update(LD_LIBRARY_PATH=str(fake), FAKE_GPU=str(tmp_path / "gpu"), FAKE_KERNEL_US="20000", FAKE_SM_MODEL=model)
+    p = subprocess.run([str(fake / "overlap"), str(kernels), str(streams), *map(str, grid), "9"], env=env,
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    took = float(p.stdout) / 20000
+    print(f"\nFIGURE SM model {'on' if model else 'off'}: {kernels} kernel(s) of {grid[0]} x {grid[1]} on "
+          f"{streams} stream(s) took {took:.3f} kernels' time")
+    assert times * 0.98 <= took <= times + 0.4, took
