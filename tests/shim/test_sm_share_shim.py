@@ -42,9 +42,8 @@ int main(int argc, char **argv)
 }
 """
 
-# decode-like steps: one kernel, then a synchronize; prints the steps' latencies' p50 and p99 (microseconds), how
-# many steps there were and the fractions of them over 1.6 x p50 (a step paid twice is about 2 x) and under 0.7 x p50
-STEPS = r"""
+# what the step programs below share: the headers, a clock in seconds and a comparison for qsort
+PRELUDE = r"""
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
@@ -55,6 +54,11 @@ static int by_value(const void *a, const void *b)
     double x = *(const double *)a, y = *(const double *)b;
     return (x > y) - (x < y);
 }
+"""
+
+# decode-like steps: one kernel, then a synchronize; prints the steps' latencies' p50 and p99 (microseconds), how
+# many steps there were and the fractions of them over 1.6 x p50 (a step paid twice is about 2 x) and under 0.7 x p50
+STEPS = PRELUDE + r"""
 int main(int argc, char **argv)
 {
     CUdevice dev; CUcontext ctx; CUdeviceptr p; double t0, t, a, secs, *lat = malloc(1 << 23); int n = 0, over, under;
@@ -80,17 +84,7 @@ int main(int argc, char **argv)
 
 # KERNELS kernels of BLOCKS blocks of THREADS threads, the i-th on stream i % STREAMS (streams of its own), then a
 # synchronize, REPS times; prints the median time that took, in microseconds
-OVERLAP = r"""
-#include <stdio.h>
-#include <stdlib.h>
-#include <time.h>
-#include <cuda.h>
-static double now(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec + t.tv_nsec / 1e9; }
-static int by_value(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
+OVERLAP = PRELUDE + r"""
 int main(int argc, char **argv)
 {
     CUdevice dev; CUcontext ctx; CUstream st[8]; double t, took[64]; int kernels, streams, reps, r, i;
